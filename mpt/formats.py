@@ -15,7 +15,9 @@ Floating formats are described by ``exponent_bits``, ``mantissa_bits`` (stored f
 ``nan="none"``  every pattern is a finite number (fp6, fp4).
 ``nan="e8m0"``  unsigned exponent-only scale (OCP MX E8M0): 0xFF is NaN, no zero, no sign.
 
-Integer formats have ``kind="int"`` and use ``exponent_bits = 0``.
+Integer formats have ``kind="int"`` and use ``exponent_bits = 0``. A *codebook* format
+(``kind="codebook"``, NF4 of QLoRA) stores 4-bit indices into a table of levels in [−1, 1] that
+multiply a per-block FP32 absmax; its ``levels`` are given as float32-exact numbers.
 """
 from __future__ import annotations
 
@@ -78,11 +80,12 @@ class Format:
     dtype: np.dtype = field(compare=False)  # storage dtype (float32 for tf32 and custom formats)
     aliases: tuple[str, ...] = ()
     custom: bool = False
+    levels: tuple[float, ...] = ()  # codebook formats only: the values of codes 0, 1, ...
 
     # ---- derived limits -------------------------------------------------------------------
     @property
     def has_nan(self) -> bool:
-        return self.nan not in ("none",)
+        return self.nan != "none"
 
     @property
     def negative_zero(self) -> bool:
@@ -117,6 +120,8 @@ class Format:
     @property
     def max(self) -> float:
         """Largest finite value."""
+        if self.kind == "codebook":
+            return max(self.levels)
         if self.kind == "int":
             return float((1 << (self.bits - 1)) - 1 if self.signed else (1 << self.bits) - 1)
         m = self.mantissa_bits
@@ -128,6 +133,8 @@ class Format:
     @property
     def lowest(self) -> float:
         """Most negative finite value (e8m0: its smallest value, it has no sign)."""
+        if self.kind == "codebook":
+            return min(self.levels)
         if self.kind == "int":
             return float(-(1 << (self.bits - 1)) if self.signed else 0)
         if self.nan == "e8m0":
@@ -136,13 +143,13 @@ class Format:
 
     @property
     def min_normal(self) -> float:
-        if self.kind == "int":
+        if self.kind != "float":
             return 1.0
         return 2.0**self.emin
 
     @property
     def min_subnormal(self) -> float:
-        if self.kind == "int":
+        if self.kind != "float":
             return 1.0
         if not self.subnormals:
             return self.min_normal
@@ -150,13 +157,15 @@ class Format:
 
     @property
     def eps(self) -> float:
-        if self.kind == "int":
+        if self.kind != "float":
             return 1.0
         return 2.0**-self.mantissa_bits
 
     @property
     def precision(self) -> int:
-        """Significant bits (mantissa_bits + 1 for floats, value bits for integers)."""
+        """Significant bits (mantissa_bits + 1 for floats, value bits for integers and codes)."""
+        if self.kind == "codebook":
+            return self.bits
         if self.kind == "int":
             return self.bits - 1 if self.signed else self.bits
         return self.mantissa_bits + 1
@@ -182,6 +191,7 @@ class Format:
             "negative_zero": self.negative_zero,
             "dtype": np.dtype(self.dtype).name,
             "custom": self.custom,
+            "levels": list(self.levels),
         }
 
     def __str__(self) -> str:
@@ -228,6 +238,19 @@ _TABLE = (
     _int("int4", 4, True, ml_dtypes.int4, ("i4", "qint4")),
 )
 
+# NF4 (QLoRA, Dettmers et al. 2023, techniques.md §4): 16 quantiles of N(0, 1) scaled to [-1, 1].
+_NF4_LEVELS = (
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+    0.7229568362236023, 1.0,
+)
+_TABLE += (
+    Format(name="nf4", kind="codebook", bits=4, exponent_bits=0, mantissa_bits=0, bias=0,
+           signed=True, has_inf=False, nan="none", dtype=np.dtype(np.uint8),
+           aliases=("normalfloat4",), levels=_NF4_LEVELS),
+)
+
 #: Every built-in format by canonical name, in the order a reader learns them.
 FORMATS: dict[str, Format] = {f.name: f for f in _TABLE}
 
@@ -236,7 +259,7 @@ for _f in _TABLE:
     for _key in (_f.name, *_f.aliases):
         assert _key.lower() not in _LOOKUP, _key
         _LOOKUP[_key.lower()] = _f
-_BY_DTYPE = {f.dtype: f for f in _TABLE if f.name != "tf32"}
+_BY_DTYPE = {f.dtype: f for f in _TABLE if f.name != "tf32" and f.kind != "codebook"}
 
 
 def get_format(fmt) -> Format:

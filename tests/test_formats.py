@@ -119,3 +119,13 @@ def test_rounding_mode_parse():
     assert rounding_mode(RoundingMode.UP) is RoundingMode.UP
     with pytest.raises(ValueError, match="mode must be one of 'nearest_even'"):
         rounding_mode("nearest")
+
+
+def test_nf4_codebook():
+    """techniques.md §4: 16 levels, sorted, from −1 to 1 with an exact 0, each a float32 number."""
+    nf4 = get_format("nf4")
+    levels = np.array(nf4.levels)
+    assert nf4.kind == "codebook" and nf4.bits == 4 and len(levels) == 16
+    assert np.all(np.diff(levels) > 0) and (levels[0], levels[7], levels[15]) == (-1.0, 0.0, 1.0)
+    assert np.array_equal(levels.astype(np.float32).astype(np.float64), levels)
+    assert (nf4.max, nf4.lowest) == (1.0, -1.0)
