@@ -9,14 +9,15 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 # Layer of each module (a prefix covers a package). Oracles sit beside the kernels but may use
 # nothing of mpt except the format table: they must stay independent of what they check.
 LAYERS = {
-    "mpt.formats": 0,
+    "mpt.formats": 0, "mpt._version": 0,
     "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.mma": 1,
     "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2,
     "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,
     "mpt.nn": 4, "mpt.optim": 4, "mpt.amp": 4, "mpt.fp8": 4, "mpt.checkpoint": 4,
     "mpt.quant": 4, "mpt.lora": 4, "mpt.recipes": 4, "mpt.attention": 4,
     "mpt.diagnostics": 5, "mpt.planning": 5, "mpt.golden": 5, "mpt.study": 5, "mpt.cli": 5,
-    "mpt.testing": 5, "mpt.data": 5, "mpt.corpus": 5, "mpt.training": 5, "mpt.report": 5,
+    "mpt.testing": 5, "mpt._io": 5, "mpt.data": 5, "mpt.corpus": 5, "mpt.training": 5,
+    "mpt.report": 5,
     "mpt": 6,  # the package itself re-exports everything: importing it from inside is upward
 }
 REFERENCE_MAY_IMPORT = ("mpt.formats", "mpt.reference")

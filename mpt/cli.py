@@ -1,0 +1,188 @@
+"""L5: the ``mpt`` command.
+
+    mpt formats [--json]                   the format table
+    mpt round X [X ...] [--to F ...] [--mode M] [--saturate] [--seed S] [--json]
+                                           round numbers to formats, show values, bits and errors
+    mpt demo                               the default workload: the table and a rounding tour
+    mpt golden generate [--suite S] [--out DIR] [--seed N]
+    mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
+    mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from fractions import Fraction
+
+import numpy as np
+
+from mpt.formats import FORMATS, RoundingMode, get_format
+from mpt.testing import as_bits
+
+DEMO_VALUES = ("0.1", "1/3", "65519.99", "1e-8", "300", "-2.5e-05")
+DEMO_FORMATS = ("fp32", "tf32", "fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
+
+
+def _fmt_float(x: float) -> str:
+    return f"{x:.9g}"
+
+
+def format_table() -> str:
+    """The format table as aligned text."""
+    head = ("name", "bits", "e", "m", "bias", "max", "min normal", "min subnormal", "eps",
+            "inf", "nan", "dtype")
+    rows = [head]
+    for f in FORMATS.values():
+        floaty = f.kind == "float"
+        rows.append((
+            f.name, str(f.bits), str(f.exponent_bits) if floaty else "-",
+            str(f.mantissa_bits) if floaty else "-", str(f.bias) if floaty else "-",
+            _fmt_float(f.max), _fmt_float(f.min_normal) if floaty else "-",
+            _fmt_float(f.min_subnormal) if floaty else "-", _fmt_float(f.eps) if floaty else "-",
+            "yes" if f.has_inf else "no", f.nan if floaty else "-", np.dtype(f.dtype).name,
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _parse_value(text: str) -> float:
+    """A decimal, hex float (0x1.8p-3) or fraction (1/3), converted to the nearest float64."""
+    try:
+        if text.lower().lstrip("+-").startswith("0x"):
+            return float.fromhex(text)
+        return float(Fraction(text)) if "/" in text else float(text)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def round_rows(values, formats, mode="nearest_even", *, saturate=False, seed=None):
+    """One dict per (value, format): the rounded value, its bits and the relative error."""
+    from mpt.rounding import round as mpt_round  # L1, imported when the command needs it
+
+    x = np.array(values, dtype=np.float64)
+    rows = []
+    for name in formats:
+        fmt = get_format(name)
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = mpt_round(x, fmt, mode, saturate=saturate, seed=seed)
+            back = y.astype(np.float64)
+        bits = as_bits(y, fmt)
+        width = max(1, (fmt.bits + 3) // 4)
+        for v, r, b in zip(x.tolist(), back.tolist(), bits.tolist()):
+            err = (r - v) / v if v != 0 and np.isfinite(r) else float("nan")
+            rows.append({"input": v, "format": fmt.name, "value": r,
+                         "bits": f"0x{int(b):0{width}x}", "relative_error": err})
+    return rows
+
+
+def _print_rows(rows) -> None:
+    print(f"{'input':>14}  {'format':<13} {'rounded':>16}  {'bits':<10}  relative error")
+    for r in rows:
+        err = "" if np.isnan(r["relative_error"]) else f"{r['relative_error']:+.3e}"
+        print(f"{_fmt_float(r['input']):>14}  {r['format']:<13} {_fmt_float(r['value']):>16}  "
+              f"{r['bits']:<10}  {err}")
+
+
+def _cmd_formats(args) -> int:
+    if args.json:
+        print(json.dumps([f.describe() for f in FORMATS.values()], indent=2))
+    else:
+        print(format_table())
+    return 0
+
+
+def _cmd_round(args) -> int:
+    rows = round_rows(args.values, args.to, args.mode, saturate=args.saturate, seed=args.seed)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_rows(rows)
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    print("mpt: every rounding of mixed-precision training, explicit and bit-exact.\n")
+    print("The formats:\n")
+    print(format_table())
+    print("\nRound to nearest even of a few numbers (what a cast on a GPU does):\n")
+    _print_rows(round_rows([_parse_value(v) for v in DEMO_VALUES], DEMO_FORMATS))
+    print("\nfp16 cannot hold 1e-8 (it underflows to 0) and e4m3fn has no Inf (300 fits, 65519.99"
+          "\noverflows to NaN); bf16 keeps fp32's range with 8 bits of precision.")
+    return 0
+
+
+def _cmd_golden(args) -> int:
+    from mpt import golden
+
+    if args.action == "generate":
+        cases = golden.generate(args.suite, seed=args.seed)
+        out = golden.write_suite(cases, args.out, suite=args.suite)
+        print(f"wrote {len(cases)} cases of suite {args.suite!r} to {out}")
+        return 0
+    if args.action == "run":
+        out = golden.run_mpt(args.golden, args.outputs)
+        print(f"wrote mpt's outputs for {args.golden} to {out}")
+        return 0
+    rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing)
+    print(golden.format_report(rows))
+    if args.report:
+        golden.write_json_atomic(args.report, rows)
+    return 0 if golden.passed(rows) else 1
+
+
+def _add_golden(sub) -> None:
+    p = sub.add_parser("golden", help="generate golden outputs or verify a backend against them")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    g = actions.add_parser("generate", help="compute a suite of golden cases with mpt")
+    g.add_argument("--suite", default="default")
+    g.add_argument("--out", default="reference_results/default", metavar="DIR")
+    g.add_argument("--seed", type=int, default=0)
+    r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
+    v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
+    for q in (r, v):
+        q.add_argument("--golden", required=True, metavar="DIR")
+        q.add_argument("--outputs", required=True, metavar="DIR")
+    v.add_argument("--report", metavar="FILE", help="also write the table as JSON")
+    v.add_argument("--allow-missing", action="store_true",
+                   help="cases without an output file are skipped, not failed")
+    p.set_defaults(func=_cmd_golden)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mpt", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("formats", help="print the format table")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_formats)
+    p = sub.add_parser("round", help="round numbers to formats and show the bits")
+    p.add_argument("values", nargs="+", type=_parse_value, metavar="X",
+                   help="decimal, hex float (0x1p-24) or fraction (1/3)")
+    p.add_argument("--to", nargs="+", default=["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2"],
+                   metavar="FORMAT", help="target formats (default: fp16 bf16 e4m3 e5m2)")
+    p.add_argument("--mode", default="nearest_even", choices=[m.value for m in RoundingMode])
+    p.add_argument("--saturate", action="store_true", help="overflow to ±max instead of Inf/NaN")
+    p.add_argument("--seed", type=int, default=None, help="seed of stochastic rounding")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_round)
+    p = sub.add_parser("demo", help="the format table and a rounding tour")
+    p.set_defaults(func=_cmd_demo)
+    _add_golden(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, OSError) as exc:  # bad input: one clear line, no traceback
+        print(f"mpt {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

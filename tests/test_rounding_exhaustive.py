@@ -1,0 +1,95 @@
+"""Exhaustive domains: every fp16/bf16 input to every small format in every mode, every code of
+every format decoded; with ``-m exhaustive``, every float32 input against ml_dtypes/numpy."""
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import mpt
+from mpt.formats import custom_format, get_format
+from mpt.kernels.random import random_words
+from mpt.reference import rounding as ref
+
+MODES = ["nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"]
+OPTIONS = [dict(), dict(saturate=True), dict(subnormals=False)]
+SMALL = ["fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz", "e8m0", "fp6_e2m3fn",
+         "fp6_e3m2fn", "fp4_e2m1fn", custom_format(3, 2), custom_format(5, 1, has_inf=False),
+         custom_format(4, 0, has_inf=False, nan="none")]
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def decode_table(fmt):
+    """float64 value of every code of a format (the oracle's), indexed by code."""
+    fmt = get_format(fmt)
+    return np.array([ref.decode_value(c, fmt) for c in range(1 << fmt.bits)])
+
+
+@pytest.mark.parametrize("source", [np.float16, ml_dtypes.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("fmt", SMALL, ids=str)
+def test_every_16bit_input_in_every_mode(source, fmt):
+    """All finite fp16/bf16 inputs (passed in their own dtype: decoded exactly first), every mode
+    and option, against the float64 oracle. NaN/Inf inputs: test_rounding's boundary tests."""
+    x = np.arange(1 << 16, dtype=np.uint16).view(source)
+    x = x[np.isfinite(x.astype(np.float32))]
+    exact = x.astype(np.float64)
+    words = random_words(2024, 0, x.size)
+    table = decode_table(fmt)
+    for mode in MODES:
+        random = words if mode == "stochastic" else None
+        for options in OPTIONS:
+            got = mpt.round(x, fmt, mode, random_bits=random, **options)
+            want = ref.round_array(exact, fmt, mode, words=random, **options)
+            if np.dtype(get_format(fmt).dtype) == np.float32:  # values (signs too) of the codes
+                got, want = got.astype(np.float64), table[want]
+                same = (got.view(np.uint64) == want.view(np.uint64)) | (np.isnan(got)
+                                                                        & np.isnan(want))
+            else:
+                same = got.view(UINT[got.dtype.itemsize]).astype(np.int64) == want
+            assert same.all(), (fmt, mode, options, x[~same][:5])
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz",
+                                 "fp8_e5m2fnuz", "e8m0", "fp6_e2m3fn", "fp6_e3m2fn",
+                                 "fp4_e2m1fn"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_code_decodes_exactly(fmt, dtype):
+    f = get_format(fmt)
+    codes = np.arange(1 << f.bits, dtype=np.uint16 if f.bits > 8 else np.uint8)
+    got = mpt.decode(codes.view(f.dtype), dtype).astype(np.float64)
+    want = np.array([ref.decode_value(c, f) for c in range(1 << f.bits)])
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint64), want[~nan].view(np.uint64))  # -0 included
+    assert np.array_equal(np.signbit(got[nan]), np.signbit(want[nan]))
+    with np.errstate(invalid="ignore"):  # ml_dtypes agrees on every non-NaN code
+        theirs = codes.view(f.dtype).astype(dtype).astype(np.float64)
+    assert np.array_equal(theirs[~nan].view(np.uint64), want[~nan].view(np.uint64))
+
+
+# ---- every float32 input (opt-in: pytest -m exhaustive) -------------------------------------
+
+ML = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp8_e4m3fn": ml_dtypes.float8_e4m3fn,
+      "fp8_e5m2": ml_dtypes.float8_e5m2, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+      "fp8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz}
+SWEEP_CHUNK = 1 << 24
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("fmt", ML)
+def test_every_float32_rne_equals_ml_dtypes(fmt):
+    """All 2^32 float32 patterns: 0 mismatches (NaN compared as NaN: numpy keeps fp16 payloads,
+    mpt gives the canonical NaN)."""
+    start, mismatches = time.perf_counter(), 0
+    for lo in range(0, 1 << 32, SWEEP_CHUNK):
+        x = np.arange(lo, lo + SWEEP_CHUNK, dtype=np.uint32).view(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = x.astype(ML[fmt])
+        got = mpt.round(x, fmt)
+        differ = np.flatnonzero(got.view(UINT[got.itemsize]) != want.view(UINT[got.itemsize]))
+        both_nan = np.isnan(got[differ].astype(np.float32)) & np.isnan(
+            want[differ].astype(np.float32))
+        mismatches += int((~both_nan).sum())
+    print(f"\n{fmt}: 2^32 float32 inputs, {mismatches} mismatches, "
+          f"{time.perf_counter() - start:.1f} s (mpt + ml_dtypes + compare)")
+    assert mismatches == 0
