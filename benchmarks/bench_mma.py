@@ -1,0 +1,140 @@
+"""Throughput of every MMA preset through mpt.gemm, against numpy's float32 matmul (sgemm).
+
+Prints GFLOP/s (2·M·N·K per second, decoding and packing included) of each preset and its
+ratio to numpy sgemm measured in the same run, for 512³ and 1024³:
+
+1. in the machine's default environment, all cores, wall-clock time: mpt.gemm and numpy's
+   a @ b run alternately (a 0.1 s pause before each run lets the other library's worker
+   threads stop spinning), best of several;
+2. the presets with a target again, with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE removed from
+   the environment (a subprocess); threadpoolctl's view of the BLAS when it is installed;
+3. the same, one thread each (NUMBA_NUM_THREADS=1, OPENBLAS_NUM_THREADS=1, a subprocess), CPU
+   time of the process: per-core throughput that other jobs on a shared machine barely disturb.
+
+    python benchmarks/bench_mma.py [--sizes 512 1024] [--quick]
+
+Targets (issue 3, 2 cores): ieee_fma >= 0.5x sgemm; hopper fp16/bf16, ampere fp16 and
+hopper fp8 >= 0.05x (aiming at 0.1x).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import mpt  # noqa: E402
+
+# (preset, input dtype, in_format, target ratio or None)
+CASES = [
+    ("ieee_fma", np.float32, None, 0.5),
+    ("hopper", np.float16, None, 0.05),
+    ("hopper", ml_dtypes.bfloat16, None, 0.05),
+    ("ampere", np.float16, None, 0.05),
+    ("hopper", ml_dtypes.float8_e4m3fn, None, 0.05),
+    ("volta", np.float16, None, None),
+    ("turing", np.float16, None, None),
+    ("ampere", np.float32, "tf32", None),
+    ("ada", ml_dtypes.float8_e4m3fn, None, None),
+    ("blackwell", np.float16, None, None),
+    ("blackwell", ml_dtypes.float8_e4m3fn, None, None),
+    ("ieee_mul_add", np.float32, None, None),
+    ("exact", ml_dtypes.bfloat16, None, None),
+]
+CLOCK = time.perf_counter
+
+
+def timed(fn):
+    """Time of fn() on CLOCK, after a pause that lets the other library's worker threads
+    (Numba's OpenMP pool, OpenBLAS's) stop spinning: a spinning pool slows the other down."""
+    time.sleep(0.1)
+    t = CLOCK()
+    fn()
+    return CLOCK() - t
+
+
+def interleaved(fn, n, reps, budget=4.0):
+    """Best times of fn() and of numpy's a @ b (float32, n x n), run alternately after one
+    warm-up run each (which also compiles), so that both see the same load."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    fn()
+    a @ b
+    best_fn = best_np = float("inf")
+    start = time.perf_counter()
+    for i in range(reps):
+        best_np = min(best_np, timed(lambda: a @ b))
+        best_fn = min(best_fn, timed(fn))
+        if time.perf_counter() - start > budget:
+            break
+    return best_fn, best_np
+
+
+def table(sizes, cases):
+    print(f"{'preset':<13}{'input':<15}{'n':>5}{'GFLOP/s':>9}{'sgemm':>8}{'x sgemm':>9}"
+          f"{'target':>8}")
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        for model, dtype, in_format, target in cases:
+            a, b = x.astype(dtype), y.astype(dtype)
+            t, t_np = interleaved(lambda: mpt.gemm(a, b, model=model, in_format=in_format), n,
+                                  reps=1 if model == "exact" else 10)
+            ratio = t_np / t
+            mark = "" if target is None else f"{target:>5.2f} {'ok' if ratio >= target else 'MISS'}"
+            label = in_format or np.dtype(dtype).name
+            print(f"{model:<13}{label:<15}{n:>5}{2 * n**3 / t / 1e9:>9.2f}"
+                  f"{2 * n**3 / t_np / 1e9:>8.1f}{ratio:>9.3f}  {mark}", flush=True)
+
+
+def blas_info():
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        print("threadpoolctl: not installed")
+        return
+    for pool in threadpool_info():
+        print(f"threadpoolctl: {pool.get('internal_api')} {pool.get('version')} "
+              f"threads={pool.get('num_threads')} architecture={pool.get('architecture')}")
+
+
+def subprocess_table(args, note, env, extra=()):
+    print(f"\n{note}", flush=True)
+    cmd = [sys.executable, __file__, "--child", "--quick", "--sizes", *map(str, args.sizes), *extra]
+    subprocess.run(cmd, env=env, check=True)
+
+
+def main():
+    global CLOCK
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024])
+    parser.add_argument("--quick", action="store_true", help="only the presets with a target")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu-time", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    cases = [c for c in CASES if c[3] is not None] if args.quick else CASES
+    if args.cpu_time:
+        CLOCK = time.process_time
+    keys = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS")
+    print(f"cpus {os.cpu_count()}, numpy {np.__version__}, "
+          + ", ".join(f"{k}={os.environ.get(k, '<unset>')}" for k in keys))
+    blas_info()
+    table(args.sizes, cases)
+    if args.child:
+        return
+    unset = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    subprocess_table(args, "with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset:", env)
+    one = dict(env, NUMBA_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    subprocess_table(args, "one thread each, process CPU time (robust to other load):", one,
+                     ["--cpu-time"])
+
+
+if __name__ == "__main__":
+    main()
