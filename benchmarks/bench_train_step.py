@@ -1,0 +1,200 @@
+"""Time one training step (forward + backward + SGD) of the small GPT.
+
+Model: ``mpt.nn.GPT(vocab=256, d_model=128, n_layers=2, n_heads=4, seq_len=64)``, batch 16
+(1024 tokens), next-token cross-entropy on a fixed random batch. Three configurations, measured
+in the same run: best of ``--repeat`` rounds after one warm-up step, the configurations
+interleaved in each round so that they see the same load on a shared machine:
+
+* ``mpt fp32``: fp32 parameters and activations, every GEMM ``ieee_fma`` (sequential FP32 FMA);
+* ``mpt bf16``: the same fp32 model under ``mpt.autocast(dtype="bf16", model="hopper")`` (GEMMs
+  in the Hopper Tensor Core model, backward outside the region as in PyTorch's recipe);
+* ``torch fp32``: the same architecture and weights in PyTorch on the CPU (only when torch is
+  importable; it is not a dependency of mpt).
+
+The SGD step is the plain float32 loop ``p ← p − lr·g`` (mpt.optim has the real optimizers).
+``--profile`` prints the functions that dominate an mpt fp32 step (cProfile, by own time).
+
+    python benchmarks/bench_train_step.py [--repeat 10] [--threads N] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import pathlib
+import pstats
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import mpt  # noqa: E402
+from mpt import nn  # noqa: E402
+
+SHAPE = dict(vocab=256, d_model=128, n_layers=2, n_heads=4, seq_len=64)
+BATCH = 16
+LR = 1e-2
+
+
+def make_batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, SHAPE["vocab"], (BATCH, SHAPE["seq_len"] + 1))  # (B, T+1)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def mpt_step(model, idx, tgt, region) -> float:
+    model.zero_grad()
+    with region():
+        loss = model.loss(idx, tgt)
+    loss.backward()
+    lr = np.float32(LR)
+    for p in model.parameters():  # plain float32 SGD on fp32 parameters (the setter bumps
+        p.data -= lr * p.grad.data  # the version: autocast's cast cache sees the update)
+    return loss.item()
+
+
+def best_of(steps: dict, repeat: int) -> dict:
+    """Best time of each step over ``repeat`` rounds; a round runs every step once, so all
+    configurations see the same machine load (the ratios are what this benchmark is for)."""
+    for step in steps.values():
+        step()  # warm-up (Numba compilation, caches)
+    times = {name: [] for name in steps}
+    for _ in range(repeat):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t0)
+    return {name: min(t) for name, t in times.items()}
+
+
+def torch_gpt(state: dict):
+    """The same GPT in PyTorch (same parameter names), loaded with ``state``."""
+    import torch
+    from torch import nn as tnn
+    from torch.nn import functional as TF
+
+    d, H = SHAPE["d_model"], SHAPE["n_heads"]
+
+    class Attention(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.in_proj, self.out_proj = tnn.Linear(d, 3 * d), tnn.Linear(d, d)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.in_proj(x).view(B, T, 3, H, d // H).permute(2, 0, 3, 1, 4)
+            y = TF.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.out_proj(y.transpose(1, 2).reshape(B, T, d))
+
+    class MLP(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = tnn.Linear(d, 4 * d), tnn.Linear(4 * d, d)
+
+        def forward(self, x):
+            return self.fc2(TF.gelu(self.fc1(x), approximate="tanh"))
+
+    class Block(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.attn = tnn.LayerNorm(d), Attention()
+            self.ln2, self.mlp = tnn.LayerNorm(d), MLP()
+
+        def forward(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = tnn.Embedding(SHAPE["vocab"], d)
+            self.wpe = tnn.Embedding(SHAPE["seq_len"], d)
+            self.blocks = tnn.ModuleList(Block() for _ in range(SHAPE["n_layers"]))
+            self.ln_f = tnn.LayerNorm(d)
+
+        def loss(self, idx, tgt):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            for b in self.blocks:
+                x = b(x)
+            logits = self.ln_f(x) @ self.wte.weight.T  # tied head
+            return TF.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
+
+    model = GPT()
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+    return model
+
+
+def torch_step(model, idx, tgt) -> float:
+    import torch
+    model.zero_grad(set_to_none=True)
+    loss = model.loss(idx, tgt)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= LR * p.grad
+    return loss.item()
+
+
+def profile_step(model, idx, tgt, top: int = 14) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    mpt_step(model, idx, tgt, contextlib.nullcontext)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="Numba and torch threads (default: theirs); 1 is the fair choice on a "
+                         "busy machine, where waking worker threads dominates small kernels")
+    args = ap.parse_args(argv)
+    if args.threads:
+        import numba
+        numba.set_num_threads(args.threads)
+    idx, tgt = make_batch()
+    print(f"GPT {SHAPE}, batch {BATCH}: one forward+backward+SGD step, best of {args.repeat}")
+
+    steps = {}
+    model = nn.GPT(**SHAPE, seed=0)
+    state = model.state_dict()
+    fp32 = lambda: mpt.matmul_model("ieee_fma")  # noqa: E731
+    steps["mpt fp32 (ieee_fma)"] = lambda: mpt_step(model, idx, tgt, fp32)
+    model16 = nn.GPT(**SHAPE, seed=0)
+    bf16 = lambda: mpt.autocast(dtype="bf16", model="hopper")  # noqa: E731
+    steps["mpt bf16 autocast (hopper)"] = lambda: mpt_step(model16, idx, tgt, bf16)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+        print("torch not importable: no baseline (pip install torch to measure it)")
+    if torch is not None:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        tm = torch_gpt(state)
+        ti, tt = torch.from_numpy(idx), torch.from_numpy(tgt)
+        gap = abs(model.loss(idx, tgt).item() - tm.loss(ti, tt).item())
+        print(f"torch {torch.__version__} ({torch.get_num_threads()} threads); "
+              f"|loss_mpt - loss_torch| at init = {gap:.2e}")
+        steps["torch fp32 (CPU)"] = lambda: torch_step(tm, ti, tt)
+    results = best_of(steps, args.repeat)
+
+    base = results.get("torch fp32 (CPU)")
+    for name, t in results.items():
+        ratio = f"   {t / base:6.2f}x torch fp32" if base else ""
+        print(f"{name:28s} {t * 1e3:9.1f} ms{ratio}")
+    first = results["mpt fp32 (ieee_fma)"]
+    print(f"bf16 autocast / fp32 (mpt): {results['mpt bf16 autocast (hopper)'] / first:.2f}x")
+    if args.profile:
+        print(profile_step(nn.GPT(**SHAPE, seed=0), idx, tgt))
+
+
+if __name__ == "__main__":
+    main()
