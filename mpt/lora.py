@@ -1,0 +1,232 @@
+"""L4: LoRA adapters over a frozen, possibly quantized base (Hu et al. 2021; QLoRA, Dettmers et al.
+2023; specs/techniques.md §4).
+
+``LoRALinear`` computes ``y = base(x) + s · B(A(dropout(x)))`` with FP32 adapters ``A`` (r, in)
+and ``B`` (out, r) and ``s = α/r`` (rsLoRA: ``α/√r``), peft's defaults: r = 8, α = 8, A
+kaiming-uniform with ``a = √5`` — uniform in ``±1/√in`` — from mpt's seeded Philox stream keyed by
+the layer's dotted name (``nn.init_uniform_``), B = 0, so a fresh adapter leaves the model's output
+bit-identical (see below).
+
+**Base formats.** The frozen weight is stored as
+
+* ``fp32``/``fp16``/``bf16``: a frozen Parameter in that format (``None`` keeps the Linear's own);
+* ``int8``: symmetric per-output-channel int8 codes + float32 scales (``mpt.quant.Int8Weight``,
+  PyTorch's per-channel qint8 qparams and fake-quant arithmetic);
+* ``nf4``: NF4 codes in blocks of 64 with float32 absmax, optionally double-quantized
+  (``mpt.quant.NF4Weight``).
+
+**Precision contract of forward.** The base matmul runs in the *compute format*: the float base's
+own format, or for int8/NF4 ``compute_format`` (default bf16, QLoRA's compute dtype); quantized
+weights are dequantized every call to float32 (``fl32(code·scale)``, ``fl32(level·absmax)``) then
+rounded RNE to the compute format (bitsandbytes computes the float product then converts); ``x``
+and the bias are cast (RNE) to the compute format; ``F.linear`` with the active matmul model. The
+adapter path casts ``dropout(x)`` to FP32 and runs two FP32 ``F.linear`` GEMMs, then multiplies by
+``fl32(s)``. The two are summed in FP32 (the base output decoded exactly) and rounded once to the
+compute format — peft's ``result + lora_B(lora_A(x))·scaling`` promoted to FP32, then
+``.to(result_dtype)``. With B = 0 the adapter adds ±0, so the output equals the base output bit
+for bit (an exact −0 base output would become +0).
+
+**Merge** (peft): ``delta = fl32(s · fl32(B·A))`` rounded to the base format, ``W ← W + delta``
+(FP32 add, one rounding to the base format); ``unmerge`` subtracts the same delta (so it restores
+W only up to that rounding). A quantized base is dequantized, updated in FP32 and re-quantized
+(lossy, as peft does for bitsandbytes layers).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import mpt.functional as F
+from mpt import nn
+from mpt.formats import get_format
+from mpt.quant import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
+from mpt.tensor import Tensor, no_grad, opmath, round_to
+
+__all__ = ["LoRALinear", "apply", "merge", "unmerge", "trainable_parameters"]
+
+_FLOAT_BASES = ("fp32", "fp16", "bf16")
+_QUANT_BASES = ("int8", "nf4")
+
+
+def _scaling(r: int, alpha: float, use_rslora: bool) -> float:
+    return alpha / math.sqrt(r) if use_rslora else alpha / r
+
+
+class LoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update (module docstring).
+
+    ``LoRALinear(base, r=8, alpha=8, dropout=0.0, use_rslora=False, base_format=None,
+    compute_format=None, double_quant=False, seed=0, key="lora")``.
+    """
+
+    def __init__(self, base: nn.Linear, r: int = 8, alpha: float = 8, dropout: float = 0.0,
+                 use_rslora: bool = False, base_format=None, compute_format=None,
+                 double_quant: bool = False, seed: int = 0, key: str = "lora"):
+        super().__init__()
+        if not isinstance(r, (int, np.integer)) or r < 1:
+            raise ValueError(f"r must be a positive int; got {r!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        out_features, in_features = base.weight.shape
+        self.in_features, self.out_features = in_features, out_features
+        self.r, self.alpha, self.use_rslora = int(r), alpha, bool(use_rslora)
+        self.scaling = _scaling(self.r, alpha, use_rslora)
+        self.dropout = float(dropout)
+        self.merged = False
+        self.base_format = base.weight.format.name if base_format is None else \
+            get_format(base_format).name
+        if self.base_format in _FLOAT_BASES:
+            self.compute_format = self.base_format
+        elif self.base_format in _QUANT_BASES:
+            self.compute_format = get_format(compute_format or "bf16").name
+        else:
+            raise ValueError(f"base_format must be one of {_FLOAT_BASES + _QUANT_BASES}; got "
+                             f"{base_format!r}")
+        self.double_quant = bool(double_quant)
+        self._store_base(opmath(base.weight.data).astype(np.float32))
+        self.bias = None if base.bias is None else nn.Parameter(
+            round_to(opmath(base.bias.data), get_format(self.compute_format)),
+            self.compute_format, requires_grad=False)
+        self.lora_A = nn.Parameter(np.zeros((self.r, in_features), np.float32))
+        self.lora_B = nn.Parameter(np.zeros((out_features, self.r), np.float32))
+        nn.init_uniform_(self.lora_A, 1.0 / math.sqrt(in_features), seed=seed, key=f"{key}.lora_A")
+
+    # ---- the frozen base ---------------------------------------------------------------------
+    def _store_base(self, w: np.ndarray) -> None:
+        """Store float32 ``w`` (out, in) in the base format (RNE, or quantized)."""
+        if self.base_format in _FLOAT_BASES:
+            fmt = get_format(self.base_format)
+            self.weight = nn.Parameter(round_to(w, fmt), fmt, requires_grad=False)
+            self.qweight = None
+        elif self.base_format == "int8":
+            self.weight, self.qweight = None, int8_quantize_per_channel(w, axis=0)
+        else:
+            self.weight, self.qweight = None, nf4_quantize(w, double_quant=self.double_quant)
+
+    def base_weight_fp32(self) -> np.ndarray:
+        """The frozen weight's values as float32 (out, in) (dequantized if quantized)."""
+        if self.qweight is None:
+            return opmath(self.weight.data).astype(np.float32)
+        if isinstance(self.qweight, Int8Weight):
+            return self.qweight.dequantize()
+        return nf4_dequantize(self.qweight)
+
+    def compute_weight(self) -> Tensor:
+        """The frozen weight in the compute format (a Tensor without grad)."""
+        if self.qweight is None:
+            return self.weight
+        fmt = get_format(self.compute_format)
+        return Tensor(round_to(self.base_weight_fp32(), fmt), fmt)
+
+    @property
+    def base_nbytes(self) -> int:
+        """Bytes of the stored frozen weight (codes and scales for int8/NF4)."""
+        return self.weight.data.nbytes if self.qweight is None else self.qweight.nbytes
+
+    # ---- forward -----------------------------------------------------------------------------
+    def delta_weight(self) -> np.ndarray:
+        """float32 ``fl32(fl32(s) · fl32(B·A))`` (out, in)."""
+        with no_grad():
+            ba = F.matmul(Tensor(self.lora_B.data), Tensor(self.lora_A.data))  # (out, in)
+        return ba.data * np.float32(self.scaling)
+
+    def forward(self, x: Tensor) -> Tensor:
+        compute = self.compute_format
+        y = F.linear(x.to(compute), self.compute_weight(), self.bias)          # (..., out)
+        if self.merged:
+            return y
+        h = F.dropout(x, self.dropout, self.training) if self.dropout else x
+        a = F.linear(h.to("fp32"), self.lora_A)                                # (..., r)
+        lora = F.linear(a, self.lora_B) * float(np.float32(self.scaling))     # (..., out) fp32
+        return (y.to("fp32") + lora).to(compute)
+
+    # ---- merge / unmerge ---------------------------------------------------------------------
+    def _update_base(self, sign: float) -> None:
+        delta = self.delta_weight()
+        if self.qweight is None:
+            fmt = get_format(self.base_format)
+            w = opmath(self.weight.data) + sign * opmath(round_to(delta, fmt))
+            self.weight.data = round_to(w, fmt)
+        else:
+            self._store_base(self.base_weight_fp32() + np.float32(sign) * delta)
+
+    def merge(self) -> None:
+        """Fold ``s·B·A`` into the frozen weight (module docstring); forward then skips the
+        adapter."""
+        if not self.merged:
+            self._update_base(1.0)
+            self.merged = True
+
+    def unmerge(self) -> None:
+        """Subtract the delta folded in by :meth:`merge`."""
+        if self.merged:
+            self._update_base(-1.0)
+            self.merged = False
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, r={self.r}, "
+                f"alpha={self.alpha}, scaling={self.scaling:g}, base={self.base_format}, "
+                f"compute={self.compute_format}, merged={self.merged}")
+
+
+def _targets(model: nn.Module, targets):
+    """(parent, child name, dotted name) of each nn.Linear to adapt: all of them when ``targets``
+    is None, else those whose dotted name equals or ends with ``.t`` for a ``t`` in targets."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is not nn.Linear:
+                continue
+            if targets is None or any(full == t or full.endswith("." + t) for t in targets):
+                yield module, child_name, full
+
+
+def apply(model: nn.Module, r: int = 8, alpha: float = 8, dropout: float = 0.0, targets=None,
+          use_rslora: bool = False, base_format=None, compute_format=None,
+          double_quant: bool = False, seed: int = 0) -> nn.Module:
+    """Freeze every parameter of ``model`` and replace the targeted ``nn.Linear`` layers (in
+    place, keeping their position) by :class:`LoRALinear` with the given options; adapter ``A``
+    of a layer is drawn from ``(seed, "<dotted name>.lora_A")``. Returns ``model``; raises
+    ValueError when no layer matches ``targets``."""
+    for p in model.parameters():
+        p.requires_grad = False
+    found = list(_targets(model, targets))
+    if not found:
+        raise ValueError(f"targets {targets!r} match no nn.Linear of the model")
+    for parent, child_name, full in found:
+        layer = LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora,
+                           base_format, compute_format, double_quant, seed, key=full)
+        parent._modules[child_name] = layer
+        object.__setattr__(parent, child_name, layer)
+    return model
+
+
+def _lora_layers(model: nn.Module):
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
+def merge(model: nn.Module) -> nn.Module:
+    """:meth:`LoRALinear.merge` on every adapter of ``model``."""
+    for m in _lora_layers(model):
+        m.merge()
+    return model
+
+
+def unmerge(model: nn.Module) -> nn.Module:
+    """:meth:`LoRALinear.unmerge` on every adapter of ``model``."""
+    for m in _lora_layers(model):
+        m.unmerge()
+    return model
+
+
+def trainable_parameters(model: nn.Module) -> dict:
+    """peft's ``print_trainable_parameters`` as a dict: ``trainable`` (elements of parameters with
+    ``requires_grad``), ``total`` (all parameters plus the logical size of quantized frozen
+    weights), ``percent`` (100·trainable/total), and ``base_bytes`` (stored frozen LoRA bases)."""
+    trainable = sum(p.size for p in model.parameters() if p.requires_grad)
+    total = sum(p.size for p in model.parameters())
+    layers = _lora_layers(model)
+    total += sum(m.in_features * m.out_features for m in layers if m.qweight is not None)
+    return {"trainable": trainable, "total": total, "percent": 100.0 * trainable / total,
+            "base_bytes": sum(m.base_nbytes for m in layers)}
