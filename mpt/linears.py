@@ -1,0 +1,250 @@
+"""L4: Linear layers whose GEMMs take a Tensor Core path that autocast has no cast for —
+TF32 (PyTorch's ``allow_tf32``) and FP8 with delayed scaling (Transformer Engine's ``te.Linear``).
+
+Both keep ``nn.Linear``'s parameters (``weight`` (out, in), ``bias`` (out,)) and are swapped into a
+model with :func:`replace_linears` (the parameters are shared, not copied).
+
+**Tf32Linear** — ``y = x·Wᵀ + b`` on fp32 tensors, every GEMM (forward, dgrad ``G·W``, wgrad
+``Gᵀ·X``) through ``mpt.gemm(..., in_format="tf32")`` on the model's TF32 Tensor Core config (the
+hardware reads the fp32 operands and drops their low 13 bits), FP32 accumulation and output; the
+bias is added in FP32 after the GEMM; the bias gradient is the sequential FP32 column sum.
+
+**Fp8Linear** — Transformer Engine's FP8 ``Linear`` under ``fp8_autocast`` with a
+``DelayedScaling`` recipe (HYBRID by default), as mpt models it:
+
+* the input is first cast to the activation format (the enclosing ``mpt.autocast`` dtype, else its
+  own format: TE's ``cast_if_needed``); the output has that format;
+* forward: input and weight (from its storage format, fp32 normally) are quantized to the forward
+  FP8 format (E4M3) with their own per-tensor delayed-scaling state (``mpt.fp8``: the amax is
+  recorded, the scale is the one from the previous updates); ``Y = gemm(Xq, Wqᵀ)`` on the FP8
+  Tensor Core config of ``model`` with per-tensor ``scale_a = sx⁻¹``, ``scale_b = sw⁻¹`` (applied
+  to the FP32 result: ``fma(RN32(sx⁻¹·sw⁻¹), acc, −0)``), bias added in FP32, one rounding to the
+  output format;
+* backward: the output gradient is quantized to the backward FP8 format (E5M2) with its own
+  state; ``dX = gemm(Gq, Wq)`` (E5M2 × E4M3, output rounded once to the input's format),
+  ``dW = gemm(Gqᵀ, Xq)`` (FP32, using the FP8 input saved by the forward as TE does), the bias
+  gradient the sequential FP32 column sum of the unquantized gradient (TE's fused ``bgrad``);
+* promotion: TE runs its forward GEMM with cuBLASLt's fast accumulation and its dgrad/wgrad GEMMs
+  with the split accumulator (``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD =
+  True``); mpt models the split accumulator as promotion of the partial sum into an FP32 register
+  every ``promote_every`` products (128 as DeepSeek-V3 reports; cuBLASLt's own interval is not
+  documented) and fast accumulation as the whole K chained in the Tensor Core's accumulator;
+* the scales change only in :meth:`Fp8Linear.fp8_update` (call it after each backward: TE updates
+  the forward scales when ``fp8_autocast`` exits and the backward ones after the backward pass);
+  the first step runs with scale 1, as in TE.
+
+Every quantization also counts its non-zero inputs that flush to zero and its saturated values
+(``Fp8Linear.quantization_counts``, for ``mpt.diagnostics``). Oracle: the same ``mpt.gemm`` /
+``mpt.fp8`` calls composed by hand in tests/test_linears.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpt.autocast import autocast_state
+from mpt.formats import get_format
+from mpt.fp8 import DelayedScaling
+from mpt.function import Function
+from mpt.kernels.ops import sum_anb
+from mpt.mma import gemm
+from mpt.nn import Linear, Module
+from mpt.tensor import opmath, round_to
+
+__all__ = ["Tf32Linear", "Fp8Linear", "replace_linears"]
+
+_CASTABLE = ("fp32", "fp16", "bf16")
+_ROLES = ("input", "weight", "grad_output")
+
+
+def _column_sum(g2: np.ndarray) -> np.ndarray:
+    """Σ over rows of a (M, N) array, sequential in FP32 (the bias gradient)."""
+    return sum_anb(np.ascontiguousarray(opmath(g2))[None])[0]                 # (N,)
+
+
+def _bias_epilogue(acc: np.ndarray, b) -> np.ndarray:
+    if b is None:
+        return acc
+    with np.errstate(over="ignore", invalid="ignore"):
+        return acc + opmath(b)                                                 # FP32 add
+
+
+class _Tf32Linear(Function):
+    @staticmethod
+    def forward(ctx, x, w, b, model):
+        x2 = x.reshape(-1, x.shape[-1])                                        # (M, in)
+        acc = gemm(x2, w.T, model=model, in_format="tf32")                     # (M, out)
+        ctx.model, ctx.x_shape = model, x.shape
+        ctx.save_for_backward(x, w)
+        return _bias_epilogue(acc, b).reshape(x.shape[:-1] + (w.shape[0],))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved
+        g2 = g.reshape(-1, g.shape[-1])                                        # (M, out)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = gemm(g2, w, model=ctx.model, in_format="tf32").reshape(ctx.x_shape) if need_x \
+            else None                                                          # (M, in)
+        dw = gemm(g2.T, x.reshape(-1, x.shape[-1]), model=ctx.model, in_format="tf32") \
+            if need_w else None                                                # (out, in)
+        return dx, dw, _column_sum(g2) if need_b else None, None
+
+
+def _shares(module: Module, linear: Linear) -> None:
+    """Make ``module`` own ``linear``'s parameters (shared objects, same names)."""
+    module.in_features, module.out_features = linear.in_features, linear.out_features
+    module.weight = linear.weight
+    module.bias = linear.bias
+
+
+def _check_fp32_input(x, what):
+    if x.format.name != "fp32":
+        raise TypeError(f"{what}: input must be fp32 (TF32 GEMMs read fp32 tensors); got "
+                        f"{x.format.name}")
+
+
+class Tf32Linear(Module):
+    """``nn.Linear`` with TF32 Tensor Core GEMMs on fp32 tensors (module docstring); ``model``:
+    an MMA preset with a TF32 config (Ampere, Ada, Hopper, Blackwell)."""
+
+    def __init__(self, linear: Linear, model: str = "hopper"):
+        super().__init__()
+        _shares(self, linear)
+        self.model = model
+        if self.weight.format.name != "fp32":
+            raise TypeError(f"Tf32Linear needs fp32 parameters; got {self.weight.format.name}")
+
+    def forward(self, x):
+        _check_fp32_input(x, "Tf32Linear")
+        return _Tf32Linear.apply(x, self.weight, self.bias, self.model)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, tf32 " \
+               f"({self.model})"
+
+
+# ---- FP8 -----------------------------------------------------------------------------------------
+def _fp8_gemm(a, a_scale_inv, b, b_scale_inv, model, promote_every):
+    """``(a·b)`` of FP8 codes with per-tensor dequantisation scales, FP32 result."""
+    return gemm(a, b, model=model, promote_every=promote_every, scale_a=a_scale_inv,
+                scale_b=b_scale_inv)
+
+
+class _Fp8Linear(Function):
+    @staticmethod
+    def forward(ctx, x, w, b, layer):
+        x2 = x.reshape(-1, x.shape[-1])                                        # (M, in)
+        qx = layer._quantize("input", x2)                                      # (M, in) E4M3
+        qw = layer._quantize("weight", w)                                      # (out, in) E4M3
+        acc = _fp8_gemm(qx.data, qx.scale_inv, qw.data.T, qw.scale_inv, layer.model,
+                        layer._promote(0))                                     # (M, out)
+        fmt = get_format(x.dtype)
+        ctx.out_format, ctx.layer, ctx.x_shape = fmt, layer, x.shape
+        ctx.save_for_backward(qx, qw)
+        return round_to(_bias_epilogue(acc, b), fmt).reshape(x.shape[:-1] + (w.shape[0],))
+
+    @staticmethod
+    def backward(ctx, g):
+        qx, qw = ctx.saved
+        layer = ctx.layer
+        g2 = g.reshape(-1, g.shape[-1])                                        # (M, out)
+        qg = layer._quantize("grad_output", g2)                                # (M, out) E5M2
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = _fp8_gemm(qg.data, qg.scale_inv, qw.data, qw.scale_inv, layer.model,
+                       layer._promote(1)).reshape(ctx.x_shape) if need_x else None   # (M, in)
+        dw = _fp8_gemm(qg.data.T, qg.scale_inv, qx.data, qx.scale_inv, layer.model,
+                       layer._promote(2)) if need_w else None                  # (out, in)
+        return dx, dw, _column_sum(g2) if need_b else None, None
+
+
+class Fp8Linear(Module):
+    """Transformer Engine's FP8 ``Linear`` with delayed scaling (module docstring).
+
+    ``linear``: the ``nn.Linear`` whose parameters it takes over; ``scaling``: the
+    ``DelayedScaling`` recipe (HYBRID: E4M3 forward, E5M2 backward); ``model``: an MMA preset with
+    an FP8 config (``"hopper"``, ``"ada"``, ``"blackwell"``); ``promote_every`` and
+    ``split_accumulator`` (fprop, dgrad, wgrad): see the module docstring.
+    """
+
+    def __init__(self, linear: Linear, scaling: DelayedScaling = DelayedScaling(), *,
+                 model: str = "hopper", promote_every: int = 128,
+                 split_accumulator=(False, True, True)):
+        super().__init__()
+        _shares(self, linear)
+        if not isinstance(scaling, DelayedScaling):
+            raise TypeError(f"scaling must be an mpt.fp8.DelayedScaling; got "
+                            f"{type(scaling).__name__}")
+        self.scaling, self.model = scaling, model
+        self.promote_every = promote_every
+        self.split_accumulator = tuple(bool(s) for s in split_accumulator)
+        self.fp8_states = {"input": scaling.state("forward"), "weight": scaling.state("forward"),
+                           "grad_output": scaling.state("backward")}
+        self.reset_counts()
+
+    def forward(self, x):
+        state = autocast_state()
+        act = state.dtype if state.enabled else x.format
+        if x.format != act and x.format.name in _CASTABLE:
+            x = x.to(act)                                    # TE's cast_if_needed
+        return _Fp8Linear.apply(x, self.weight, self.bias, self)
+
+    def _promote(self, gemm_index):
+        return self.promote_every if self.split_accumulator[gemm_index] else None
+
+    def _quantize(self, role, values):
+        """Quantize with ``role``'s delayed-scaling state and count flushed/saturated values."""
+        x = opmath(values)
+        state = self.fp8_states[role]
+        scale = state.scale                                   # the scale this cast uses
+        q = state.quantize(x)
+        finite = np.isfinite(x)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scaled = np.abs(x * scale)                        # the f32 product quantize rounds
+        counts = self.quantization_counts[role]
+        counts["numel"] += x.size
+        counts["nonzero"] += int(np.count_nonzero(finite & (x != 0)))
+        counts["flushed"] += int(np.count_nonzero(finite & (x != 0) &
+                                                  (q.data.astype(np.float32) == 0)))
+        saturated = np.isinf(x) | (finite & (scaled > q.format.max))
+        counts["saturated"] += int(np.count_nonzero(saturated))
+        return q
+
+    def reset_counts(self) -> None:
+        """Zero :attr:`quantization_counts`: per role, ``numel``, ``nonzero`` (finite non-zero
+        inputs), ``flushed`` (of those, quantized to 0) and ``saturated`` (clamped to ±max)."""
+        self.quantization_counts = {r: {"numel": 0, "nonzero": 0, "flushed": 0, "saturated": 0}
+                                    for r in _ROLES}
+
+    def fp8_update(self) -> None:
+        """Delayed-scaling update of the three states (new scales from the amax histories)."""
+        for state in self.fp8_states.values():
+            state.update()
+
+    def fp8_state_dict(self) -> dict:
+        """``{role: DelayedScalingState.state_dict()}`` for input, weight and grad_output."""
+        return {role: s.state_dict() for role, s in self.fp8_states.items()}
+
+    def load_fp8_state_dict(self, states: dict) -> None:
+        """Restore the three states (checked by ``DelayedScalingState.load_state_dict``)."""
+        if set(states) != set(_ROLES):
+            raise ValueError(f"FP8 state must have the roles {', '.join(_ROLES)}; got "
+                             f"{', '.join(sorted(states))}")
+        for role, s in self.fp8_states.items():
+            s.load_state_dict(states[role])
+
+    def extra_repr(self):
+        fwd, bwd = (self.scaling.format_for(r).name for r in ("forward", "backward"))
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"fp8 {fwd}/{bwd} ({self.model}, promote_every={self.promote_every})")
+
+
+def replace_linears(module: Module, factory) -> list[str]:
+    """Replace every ``nn.Linear`` under ``module`` by ``factory(linear)`` (e.g.
+    ``lambda l: Fp8Linear(l, scaling)``), sharing its parameters; returns the dotted names of the
+    replaced layers. Parameter names are unchanged (the new module owns ``weight``/``bias``)."""
+    replaced = []
+    for name, parent in list(module.named_modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child) is Linear:
+                setattr(parent, child_name, factory(child))
+                replaced.append(f"{name}.{child_name}" if name else child_name)
+    return replaced

@@ -1,0 +1,250 @@
+"""L4: precision recipes — one frozen object names every precision choice of a training run.
+
+A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
+
+=================  ==============================================================================
+``param_format``   the model copy the forward and backward read (fp32, fp16 or bf16); parameter
+                   gradients are stored in it too (``grad_format``), as on a GPU
+``master_format``  ``"fp32"``: the optimizer updates a persistent FP32 master and copies it down
+                   (Apex O2); ``None``: it updates the parameters themselves
+``compute_format`` what the GEMMs and ops run in: ``param_format`` (no casts), ``"fp16"``/``"bf16"``
+                   with ``autocast=True`` (per-op casts of fp32 weights, PyTorch AMP / Apex O1),
+                   ``"tf32"`` (fp32 tensors, ``mpt.linears.Tf32Linear``: the Linear layers'
+                   GEMMs on TF32 Tensor Cores, as ``allow_tf32``; mpt's matmul and attention
+                   have no TF32 route for fp32 tensors, so those stay FP32)
+``output_format``  the logits are cast to it before the loss (Apex O2 casts model outputs to fp32;
+                   Megatron computes the cross-entropy in fp32)
+``state_format``   optimizer states (AdamW's m and v): always fp32
+``matmul_model``   the MMA model of every GEMM (``mpt.mma``): ``"ieee_fma"`` (FP32 CUDA cores /
+                   CPU) or a Tensor Core preset (``"hopper"``)
+``loss_scaling``   :class:`LossScaling`: none, static or dynamic (``mpt.amp.GradScaler`` kwargs)
+``fp8``            :class:`Fp8Config` or None: Transformer Engine FP8 Linear layers
+``rounding``       the copy-down (FP32 working copy → ``param_format``): ``"nearest_even"`` or
+                   ``"stochastic"``
+=================  ==============================================================================
+
+The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
+(``../shared/specs/amp.md``): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
+autocast per op; fp16 with PyTorch's dynamic GradScaler); ``fp16-o2`` / ``bf16-o2`` (the Apex O2
+layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling); ``bf16-pure``
+and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or
+stochastically); ``fp16-noscale`` (fp16-o2 without loss scaling: what fails); ``fp8-hybrid``
+(Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients, delayed scaling, Hopper FP8
+GEMMs with promotion, the rest under bf16 autocast).
+
+This module imports ``mpt.fp8`` (a sibling at L4) for the one thing it needs from it: the FP8
+configuration *is* a Transformer Engine ``DelayedScaling`` recipe.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from mpt.formats import get_format, rounding_mode
+from mpt.fp8 import DelayedScaling
+from mpt.mma import get_mma_model
+
+__all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]
+
+_MODEL_FORMATS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """How the loss is scaled: ``kind`` ``"none"``, ``"static"`` (``init_scale`` forever, a step
+    with a non-finite gradient still skipped) or ``"dynamic"`` (``mpt.amp.GradScaler`` with
+    PyTorch's defaults unless overridden here)."""
+
+    kind: str = "none"
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    min_scale: float | None = None
+    max_scale: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in ("none", "static", "dynamic"):
+            raise ValueError(f"loss scaling kind must be 'none', 'static' or 'dynamic'; got "
+                             f"{self.kind!r}")
+
+    def scaler_kwargs(self) -> dict:
+        """Keyword arguments of ``GradScaler`` (dynamic) or ``StaticLossScale`` (static)."""
+        if self.kind == "static":
+            return {"scale": self.init_scale}
+        if self.kind == "dynamic":
+            return {"init_scale": self.init_scale, "growth_factor": self.growth_factor,
+                    "backoff_factor": self.backoff_factor,
+                    "growth_interval": self.growth_interval, "min_scale": self.min_scale,
+                    "max_scale": self.max_scale}
+        return {}
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    """FP8 Linear layers as Transformer Engine runs them (``mpt.linears.Fp8Linear``).
+
+    ``scaling``: TE's ``DelayedScaling`` (margin, fp8_format, amax history); ``model``: the MMA
+    preset of the FP8 GEMMs; ``promote_every``: products per promotion of the partial sum into an
+    FP32 register (DeepSeek-V3's 128) for the GEMMs that use TE's split accumulator;
+    ``split_accumulator``: (fprop, dgrad, wgrad) — TE's defaults ``_2X_ACC_FPROP = False``,
+    ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (the forward GEMM uses cuBLASLt's fast
+    accumulation, the backward ones promote).
+    """
+
+    scaling: DelayedScaling = field(default_factory=DelayedScaling)
+    model: str = "hopper"
+    promote_every: int = 128
+    split_accumulator: tuple[bool, bool, bool] = (False, True, True)
+
+    def __post_init__(self):
+        if not isinstance(self.scaling, DelayedScaling):
+            raise TypeError(f"scaling must be an mpt.fp8.DelayedScaling; got "
+                            f"{type(self.scaling).__name__}")
+        get_mma_model(self.model)
+        if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) \
+                or self.promote_every < 1:
+            raise ValueError(f"promote_every must be a positive int; got {self.promote_every!r}")
+        split = tuple(self.split_accumulator)
+        if len(split) != 3 or not all(isinstance(s, bool) for s in split):
+            raise ValueError("split_accumulator must be three bools (fprop, dgrad, wgrad); got "
+                             f"{self.split_accumulator!r}")
+        object.__setattr__(self, "split_accumulator", split)
+
+    def describe(self) -> dict:
+        return {"scaling": dataclasses.asdict(self.scaling), "model": self.model,
+                "promote_every": self.promote_every,
+                "split_accumulator": dict(zip(("fprop", "dgrad", "wgrad"),
+                                              self.split_accumulator))}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Every precision choice of a training run (see the module docstring)."""
+
+    name: str
+    description: str
+    param_format: str = "fp32"
+    master_format: str | None = None
+    compute_format: str = "fp32"
+    autocast: bool = False
+    output_format: str = "fp32"
+    state_format: str = "fp32"
+    matmul_model: str = "ieee_fma"
+    loss_scaling: LossScaling = field(default_factory=LossScaling)
+    fp8: Fp8Config | None = None
+    rounding: str = "nearest_even"
+
+    def __post_init__(self):
+        for role in ("param_format", "compute_format", "output_format", "state_format"):
+            object.__setattr__(self, role, get_format(getattr(self, role)).name)
+        if self.param_format not in _MODEL_FORMATS:
+            raise ValueError(f"param_format must be one of {', '.join(_MODEL_FORMATS)}; got "
+                             f"{self.param_format!r}")
+        if self.master_format is not None:
+            object.__setattr__(self, "master_format", get_format(self.master_format).name)
+            if self.master_format != "fp32" or self.param_format == "fp32":
+                raise ValueError("master_format must be None or 'fp32' (with a fp16/bf16 "
+                                 f"param_format); got {self.master_format!r} for "
+                                 f"{self.param_format} parameters")
+        if self.state_format != "fp32":
+            raise ValueError(f"state_format must be 'fp32' (mpt.optim keeps FP32 states); got "
+                             f"{self.state_format!r}")
+        self._check_compute()
+        get_mma_model(self.matmul_model)
+        object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
+        if self.rounding not in ("nearest_even", "stochastic"):
+            raise ValueError(f"rounding must be 'nearest_even' or 'stochastic'; got "
+                             f"{self.rounding!r}")
+        if not isinstance(self.loss_scaling, LossScaling):
+            raise TypeError("loss_scaling must be a LossScaling")
+        if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
+            raise TypeError("fp8 must be an Fp8Config or None")
+
+    def _check_compute(self):
+        c, p = self.compute_format, self.param_format
+        if self.autocast:
+            if c not in ("fp16", "bf16") or p != "fp32":
+                raise ValueError(f"autocast needs fp32 parameters and compute_format fp16 or "
+                                 f"bf16; got param {p}, compute {c}")
+        elif c == "tf32":
+            if p != "fp32":
+                raise ValueError(f"compute_format tf32 needs fp32 parameters; got {p}")
+        elif c != p:
+            raise ValueError(f"compute_format {c} differs from param_format {p}: set "
+                             "autocast=True for per-op casts")
+
+    @property
+    def grad_format(self) -> str:
+        """Parameter gradients live in the parameters' format (``mpt.Tensor``'s rule)."""
+        return self.param_format
+
+    @property
+    def backward_format(self) -> str:
+        """The format activation gradients are rounded to in the backward pass: the compute
+        format (bf16 for the non-FP8 ops of ``fp8-hybrid``; fp32 for tf32's fp32 tensors)."""
+        return "fp32" if self.compute_format == "tf32" else self.compute_format
+
+    def replace(self, **changes) -> "Recipe":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> dict:
+        """The recipe as JSON-ready data."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if f.name not in ("loss_scaling", "fp8")}
+        out["grad_format"] = self.grad_format
+        out["loss_scaling"] = dataclasses.asdict(self.loss_scaling)
+        out["fp8"] = None if self.fp8 is None else self.fp8.describe()
+        return out
+
+
+_DYNAMIC = LossScaling("dynamic")
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("fp32", "FP32 everything; GEMMs as sequential FP32 FMA (CUDA cores / CPU)"),
+    Recipe("tf32", "FP32 tensors; the Linear layers' GEMMs on Hopper TF32 Tensor Cores "
+           "(allow_tf32=True); attention and the tied LM head stay FP32",
+           compute_format="tf32", matmul_model="hopper"),
+    Recipe("fp16-amp", "FP32 weights, autocast fp16 per op (Apex O1 / torch.autocast), dynamic "
+           "loss scaling", compute_format="fp16", autocast=True, matmul_model="hopper",
+           loss_scaling=_DYNAMIC),
+    Recipe("fp16-o2", "fp16 model copy + FP32 master weights (Apex O2), dynamic loss scaling",
+           param_format="fp16", master_format="fp32", compute_format="fp16",
+           matmul_model="hopper", loss_scaling=_DYNAMIC),
+    Recipe("bf16-amp", "FP32 weights, autocast bf16 per op; no loss scaling",
+           compute_format="bf16", autocast=True, matmul_model="hopper"),
+    Recipe("bf16-o2", "bf16 model copy + FP32 master weights; no loss scaling",
+           param_format="bf16", master_format="fp32", compute_format="bf16",
+           matmul_model="hopper"),
+    Recipe("bf16-pure", "bf16 weights, no master: each update rounded to nearest into bf16",
+           param_format="bf16", compute_format="bf16", matmul_model="hopper"),
+    Recipe("bf16-pure-sr", "bf16 weights, no master: each update rounded stochastically into "
+           "bf16", param_format="bf16", compute_format="bf16", matmul_model="hopper",
+           rounding="stochastic"),
+    Recipe("fp16-noscale", "fp16 model copy + FP32 master weights without loss scaling: small "
+           "gradients flush to zero", param_format="fp16", master_format="fp32",
+           compute_format="fp16", matmul_model="hopper"),
+    Recipe("fp8-hybrid", "Transformer Engine HYBRID: FP8 Linear layers (E4M3 forward, E5M2 "
+           "gradients, delayed scaling, Hopper FP8 GEMMs with promotion every 128), the rest "
+           "under bf16 autocast; FP32 weights", compute_format="bf16", autocast=True,
+           matmul_model="hopper", fp8=Fp8Config()),
+)}
+
+
+def recipe_names() -> list[str]:
+    """The names of the built-in recipes, in table order."""
+    return list(RECIPES)
+
+
+def get_recipe(name) -> Recipe:
+    """A built-in recipe by name (a :class:`Recipe` is passed through)."""
+    if isinstance(name, Recipe):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"recipe must be a name or a Recipe; got {type(name).__name__}")
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe {name!r}; valid recipes: "
+                         f"{', '.join(RECIPES)}") from None

@@ -1,0 +1,357 @@
+"""L5: a training loop that carries out a precision recipe and records what each step did to the
+numbers.
+
+:class:`Trainer` takes a model built in fp32 (``model(idx)`` → logits (B, T, vocab), e.g.
+``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
+
+* the **model copy**: Linear layers swapped for ``mpt.linears.Fp8Linear`` (recipes with ``fp8``)
+  or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
+  ``recipe.param_format``;
+* the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
+  ``recipe.master_format`` is set (``master_weights=True``), the copy-down in ``recipe.rounding``
+  (stochastic rounding keyed by ``config.seed``, the parameter and the step), the fused kernel;
+* the **loss scaler**: ``mpt.amp.GradScaler`` (dynamic) or ``StaticLossScale``, recording.
+
+One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
+
+1. zero the gradients; set the learning rate of this step (linear warm-up, then cosine decay to
+   ``min_lr``, computed in float64);
+2. per micro-batch: forward inside the recipe's region (``mpt.autocast(dtype, model)`` for autocast
+   recipes, else ``mpt.matmul_model(model)``), logits cast to ``recipe.output_format`` (fp32: the
+   cross-entropy runs in fp32), ``loss·f32(loss_multiplier/k)`` (Megatron-LM divides each
+   micro-batch loss by the number of micro-batches), scaled by the scaler, ``backward()`` — the
+   gradients accumulate in ``param.grad`` in the parameters' format (each addition in fp32,
+   rounded once: ``mpt.tensor``); FP8 scales are updated after each backward;
+3. optional clipping: ``scaler.unscale_`` then ``mpt.optim.clip_grad_norm_`` (PyTorch's order;
+   recipes whose fp16 gradients cannot be unscaled refuse clipping at construction);
+4. ``scaler.step(optimizer)`` (skipped on Inf/NaN; unscaling on the fly for master-weight
+   optimizers) and ``scaler.update()``, or ``optimizer.step()`` without a scaler;
+5. a :class:`StepMetrics` record (see there).
+
+``loss_multiplier`` (default 1) multiplies the loss before backward. A power of two changes no
+bits of an FP32 AdamW run except through ``eps`` (the update is ``m/(√v + eps)``, scale-free
+otherwise), but it moves every gradient by that factor in the low-precision formats: it is how
+``mpt study`` gives a small model the tiny per-micro-batch gradients of a large-batch run (see
+``mpt.study``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import mpt.functional as F
+from mpt.amp import GradScaler, StaticLossScale
+from mpt.autocast import autocast, matmul_model
+from mpt.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
+                             log2_histogram, lost_update_fraction, tensor_cast_stats)
+from mpt.linears import Fp8Linear, Tf32Linear, replace_linears
+from mpt.optim import AdamW, clip_grad_norm_
+from mpt.recipes import Recipe, get_recipe
+from mpt.tensor import no_grad, opmath
+
+__all__ = ["TrainConfig", "StepMetrics", "Trainer", "learning_rate"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimizer and loop settings (AdamW defaults are PyTorch's).
+
+    ``total_steps`` None: constant ``lr`` after warm-up; else cosine decay from ``lr`` to
+    ``min_lr`` (default ``lr/10``) at ``total_steps``. ``grad_accum``: micro-batches per step.
+    ``clip_grad_norm``: max gradient norm or None. ``seed``: stochastic rounding key.
+    ``detail_steps``: steps (1-based) that also record gradient histograms and per-tensor cast
+    statistics (see :class:`StepMetrics`).
+    """
+
+    lr: float = 1e-3
+    min_lr: float | None = None
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 1e-2
+    grad_accum: int = 1
+    clip_grad_norm: float | None = None
+    loss_multiplier: float = 1.0
+    seed: int = 0
+    fused: bool = True
+    detail_steps: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for name in ("warmup_steps", "grad_accum"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0; got {value!r}")
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1; got {self.grad_accum}")
+        if self.total_steps is not None and self.total_steps < 1:
+            raise ValueError(f"total_steps must be None or >= 1; got {self.total_steps!r}")
+        if not self.loss_multiplier > 0:
+            raise ValueError(f"loss_multiplier must be > 0; got {self.loss_multiplier!r}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be None or > 0; got {self.clip_grad_norm!r}")
+        object.__setattr__(self, "betas", tuple(self.betas))
+        object.__setattr__(self, "detail_steps", tuple(int(s) for s in self.detail_steps))
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """The learning rate of 1-based ``step``: linear warm-up over ``warmup_steps``, then constant
+    or cosine decay to ``min_lr`` at ``total_steps`` (float64)."""
+    if step <= config.warmup_steps:
+        return config.lr * step / config.warmup_steps
+    if config.total_steps is None:
+        return config.lr
+    low = config.lr / 10 if config.min_lr is None else config.min_lr
+    span = max(config.total_steps - config.warmup_steps, 1)
+    progress = min((step - config.warmup_steps) / span, 1.0)
+    return low + 0.5 * (config.lr - low) * (1.0 + math.cos(math.pi * progress))
+
+
+@dataclass
+class StepMetrics:
+    """What one step did (counts are summed over its micro-batches).
+
+    ``loss``: mean micro-batch loss (fp32 values, unscaled, before the multiplier); ``scale``:
+    the loss scale used (1.0 without a scaler); ``skipped``: the scaler skipped the update;
+    ``first_nonfinite``: the first parameter whose gradient held Inf/NaN; ``loss_grad``:
+    :class:`~mpt.diagnostics.CastStats` of the logits gradient (as scaled) cast into
+    ``recipe.backward_format`` — exactly the first rounding of the backward pass;
+    ``fp8_grad``: totals of the FP8 layers' output-gradient quantizations (``nonzero``,
+    ``flushed``, ``saturated``); ``grad_zeros`` / ``grad_subnormal`` / ``grad_numel``: parameter
+    gradient elements that are exactly zero / subnormal in their format; ``lost``/``changed``:
+    the copy-down statistics of the optimizer (elements whose FP32 working copy changed, and
+    those whose low-precision value did not); ``grad_norm``: the total norm when clipping.
+    On ``config.detail_steps`` only: ``tensors``, per parameter the ``CastStats`` of its gradient
+    (as scaled) cast into the backward format, and ``histograms``, log2-magnitude histograms
+    (``loss_grad``: the scaled logits gradient; ``params``: all parameter gradients, unscaled).
+    """
+
+    step: int
+    lr: float
+    loss: float
+    scale: float
+    skipped: bool
+    first_nonfinite: str | None
+    loss_grad: CastStats
+    fp8_grad: dict
+    grad_zeros: int
+    grad_subnormal: int
+    grad_numel: int
+    lost: int
+    changed: int
+    grad_norm: float | None = None
+    tensors: dict = field(default_factory=dict)
+    histograms: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["tensors"] = {k: asdict(v) for k, v in self.tensors.items()}
+        out["histograms"] = {k: h.to_dict() for k, h in self.histograms.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "StepMetrics":
+        data = dict(data)
+        data["loss_grad"] = CastStats(**data["loss_grad"])
+        data["tensors"] = {k: CastStats(**v) for k, v in data["tensors"].items()}
+        data["histograms"] = {k: Log2Histogram(**{**h, "counts": tuple(h["counts"])})
+                              for k, h in data["histograms"].items()}
+        return cls(**data)
+
+
+def _make_scaler(recipe: Recipe):
+    kind = recipe.loss_scaling.kind
+    kwargs = recipe.loss_scaling.scaler_kwargs()
+    if kind == "dynamic":
+        return GradScaler(**kwargs, record=True)
+    if kind == "static":
+        return StaticLossScale(**kwargs, record=True)
+    return None
+
+
+class Trainer:
+    """Carries out ``recipe`` on ``model`` (module docstring). ``model`` is changed in place (its
+    Linear layers swapped, its parameters rounded to the recipe's format)."""
+
+    def __init__(self, model, recipe, config: TrainConfig = TrainConfig()):
+        self.recipe = get_recipe(recipe)
+        if not isinstance(config, TrainConfig):
+            raise TypeError(f"config must be a TrainConfig; got {type(config).__name__}")
+        self.config = config
+        self.model = model
+        self.fp8_layers = self._swap_linears()
+        if self.recipe.param_format != "fp32":
+            model.to(self.recipe.param_format)
+        self.optimizer = AdamW(model.named_parameters(), lr=config.lr, betas=config.betas,
+                               eps=config.eps, weight_decay=config.weight_decay,
+                               master_weights=self.recipe.master_format is not None,
+                               rounding=self.recipe.rounding, seed=config.seed,
+                               fused=config.fused)
+        self.scaler = _make_scaler(self.recipe)
+        if config.clip_grad_norm is not None and self.scaler is not None \
+                and self.recipe.grad_format == "fp16":
+            raise ValueError(f"clip_grad_norm: recipe {self.recipe.name} keeps scaled fp16 "
+                             "gradients, which cannot be unscaled for clipping (PyTorch refuses "
+                             "too; Apex clips FP32 master gradients, which mpt does not model)")
+        self.step_count = 0
+        self.history: list[StepMetrics] = []
+
+    def _swap_linears(self) -> dict:
+        recipe = self.recipe
+        if recipe.fp8 is not None:
+            fp8 = recipe.fp8
+            replace_linears(self.model, lambda lin: Fp8Linear(
+                lin, fp8.scaling, model=fp8.model, promote_every=fp8.promote_every,
+                split_accumulator=fp8.split_accumulator))
+        elif recipe.compute_format == "tf32":
+            replace_linears(self.model, lambda lin: Tf32Linear(lin, recipe.matmul_model))
+        return {name: m for name, m in self.model.named_modules() if isinstance(m, Fp8Linear)}
+
+    # ---- forward ---------------------------------------------------------------------------
+    def region(self):
+        """The context a forward runs in: autocast (per-op casts) or the recipe's matmul model."""
+        r = self.recipe
+        if r.autocast:
+            return autocast(dtype=r.compute_format, model=r.matmul_model)
+        return matmul_model(r.matmul_model)
+
+    def _logits_and_loss(self, idx, targets):
+        with self.region():
+            logits = self.model(idx)                                    # (B, T, V)
+            if logits.format.name != self.recipe.output_format:
+                logits = logits.to(self.recipe.output_format)
+            B, T, V = logits.shape
+            loss = F.cross_entropy(logits.reshape(B * T, V), np.asarray(targets).reshape(-1))
+        return logits, loss
+
+    def evaluate(self, batches) -> float:
+        """Mean loss over ``(idx, targets)`` batches with the recipe's forward, no graph, eval
+        mode (dropout off); float64 mean of the fp32 batch losses. The training state is left as
+        it was: FP8 layers quantize with their current scales, and the amaxes they record are
+        discarded afterwards."""
+        fp8 = {name: layer.fp8_state_dict() for name, layer in self.fp8_layers.items()}
+        self.model.eval()
+        try:
+            with no_grad():
+                losses = [float(self._logits_and_loss(i, t)[1].item()) for i, t in batches]
+        finally:
+            self.model.train()
+            for name, layer in self.fp8_layers.items():
+                layer.load_fp8_state_dict(fp8[name])
+                layer.reset_counts()
+        return math.fsum(losses) / len(losses)
+
+    # ---- one step --------------------------------------------------------------------------
+    def train_step(self, batches) -> StepMetrics:
+        """One optimizer step over ``batches``: a list of ``config.grad_accum`` micro-batches
+        ``(idx, targets)`` (module docstring). Appends and returns its :class:`StepMetrics`."""
+        batches = list(batches)
+        if len(batches) != self.config.grad_accum:
+            raise ValueError(f"batches must hold grad_accum={self.config.grad_accum} "
+                             f"micro-batches; got {len(batches)}")
+        step = self.step_count + 1
+        lr = learning_rate(self.config, step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        detail = step in self.config.detail_steps
+        losses, loss_grad, histograms = [], None, {}
+        for idx, targets in batches:
+            stats, g_hist, loss = self._micro_step(idx, targets, detail)
+            losses.append(loss)
+            loss_grad = stats if loss_grad is None else loss_grad + stats
+            if detail:
+                histograms["loss_grad"] = histograms["loss_grad"] + g_hist \
+                    if "loss_grad" in histograms else g_hist
+        scale = 1.0 if self.scaler is None else self.scaler.get_scale()
+        report = self._gradient_report(scale, detail)
+        histograms.update(report.pop("histograms"))
+        norm, skipped = self._apply()
+        lost, changed, _ = (0, 0, 0.0) if skipped else \
+            lost_update_fraction(self.optimizer.lost_updates)
+        metrics = StepMetrics(step, lr, math.fsum(losses) / len(losses), scale, skipped,
+                              loss_grad=loss_grad, fp8_grad=self._fp8_counts(), lost=lost,
+                              changed=changed, grad_norm=norm, histograms=histograms, **report)
+        self.step_count = step
+        self.history.append(metrics)
+        return metrics
+
+    def _micro_step(self, idx, targets, detail):
+        logits, loss = self._logits_and_loss(idx, targets)
+        logits.retain_grad()
+        factor = self.config.loss_multiplier / self.config.grad_accum
+        scaled = loss * factor if factor != 1.0 else loss
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+        g = logits.grad.data                                            # fp32, as scaled
+        stats = cast_stats(g, self.recipe.backward_format)
+        for layer in self.fp8_layers.values():
+            layer.fp8_update()
+        return stats, log2_histogram(g) if detail else None, float(loss.item())
+
+    def _gradient_report(self, scale, detail) -> dict:
+        """Counts over the parameter gradients before the step; on detail steps also each
+        gradient's cast statistics into the backward format (as scaled) and the binade histogram
+        of all of them (unscaled, exact in float64)."""
+        named = [(n, p.grad) for n, p in self.optimizer.named_parameters() if p.grad is not None]
+        zeros = subnormal = numel = 0
+        for _, g in named:
+            v = np.abs(opmath(g.data))
+            zeros += int(np.count_nonzero(v == 0))
+            subnormal += int(np.count_nonzero((v > 0) & (v < g.format.min_normal)))
+            numel += v.size
+        report = {"first_nonfinite": first_non_finite(named), "grad_zeros": zeros,
+                  "grad_subnormal": subnormal, "grad_numel": numel, "tensors": {},
+                  "histograms": {}}
+        if detail and named:
+            report["tensors"] = tensor_cast_stats(named, self.recipe.backward_format)
+            hists = [log2_histogram(opmath(g.data).astype(np.float64) / scale) for _, g in named]
+            report["histograms"]["params"] = sum(hists[1:], hists[0])
+        return report
+
+    def _apply(self):
+        """Clip (if configured) and step through the scaler; returns (norm or None, skipped)."""
+        norm = None
+        if self.config.clip_grad_norm is not None:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            norm = float(clip_grad_norm_([p for _, p in self.optimizer.named_parameters()],
+                                         self.config.clip_grad_norm))
+        if self.scaler is None:
+            self.optimizer.step()
+            return norm, False
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return norm, self.scaler.records[-1].skipped
+
+    def _fp8_counts(self) -> dict:
+        total = {"nonzero": 0, "flushed": 0, "saturated": 0}
+        for layer in self.fp8_layers.values():
+            counts = layer.quantization_counts["grad_output"]
+            for key in total:
+                total[key] += counts[key]
+            layer.reset_counts()
+        return total
+
+    # ---- loops -----------------------------------------------------------------------------
+    def train(self, data, steps: int, progress=None) -> list[StepMetrics]:
+        """Run ``steps`` steps; ``data(step, micro)`` returns micro-batch ``micro`` of the 1-based
+        ``step`` as ``(idx, targets)``. ``progress(metrics)`` is called after each step."""
+        out = []
+        for _ in range(steps):
+            step = self.step_count + 1
+            out.append(self.train_step([data(step, m) for m in range(self.config.grad_accum)]))
+            if progress is not None:
+                progress(out[-1])
+        return out
+
+    def parameters_summary(self) -> dict:
+        """Parameter count and the formats in use (for reports)."""
+        n = sum(p.size for _, p in self.optimizer.named_parameters())
+        return {"parameters": int(n), "fp8_layers": sorted(self.fp8_layers)}
