@@ -71,7 +71,7 @@ def _t(x):
     return np.swapaxes(x, -1, -2)
 
 
-# ---- naive ----------------------------------------------------------------------------------------
+# ---- naive ---------------------------------------------------------------------------------------
 
 class Attention(Function):
     @staticmethod
@@ -147,7 +147,7 @@ def _masks(attn_mask, is_causal, shape, fmt):
     return (values, None) if values.dtype == np.bool_ else (None, values)
 
 
-# ---- flash ----------------------------------------------------------------------------------------
+# ---- flash ---------------------------------------------------------------------------------------
 
 def flash_mma_model(fmt, model: str) -> dict:
     """The MMA model the flash kernels run for ``fmt`` inputs under the matmul model ``model``,
