@@ -152,7 +152,7 @@ def _check_layer(qat, intl, x_codes, sx, zx, as_rows):
     fake_r, got_r = as_rows(fake[..., None])[..., 0], as_rows(got[..., None])[..., 0]
     bias_q, m0, shift = intl.requant_params(np.float32(sx))
     b = np.zeros(len(w_fq)) if qat.bias is None else qat.bias.data.astype(np.float64)
-    so, zo = Fraction(float(out.scale[0])), int(out.zero_point[0])
+    so = Fraction(float(out.scale[0]))
     must, near = 0, 0
     for i in range(xr.shape[0]):
         for c in range(wr.shape[0]):
