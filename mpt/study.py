@@ -37,6 +37,11 @@ the elements whose FP32 update left the low-precision weight unchanged (below ha
 ``B/param``: bytes per parameter of weights + gradients + master + AdamW states
 (``mpt.planning``); ``time s``: wall time of the recipe's run.
 
+**Quantization sections** (``quant``, default on for the Markov corpus; ``--no-quant`` skips
+them): QAT vs post-training quantization of a bigram MLP into integer-only models, and LoRA
+fine-tunes over fp16/bf16/int8/NF4 bases — ``mpt.study_quant``; their step counts scale with
+``steps``.
+
 The report folder holds ``report.md``, ``study.json`` (every step's metrics) and, with matplotlib
 installed (``pip install 'mpt[plot]'``), PNG plots: loss curves, loss-scale trajectories, lost
 updates, and the gradient-magnitude histogram of the FP32 run against the FP16 range.
@@ -60,10 +65,12 @@ from mpt.formats import get_format
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
 from mpt.recipes import get_recipe, recipe_names
+from mpt.study_quant import QuantStudyConfig, format_quant_sections, quant_markdown, \
+    run_quant_study
 from mpt.training import TrainConfig, Trainer
 
 __all__ = ["StudyConfig", "RecipeRun", "StudyResult", "run_study", "format_table",
-           "write_report"]
+           "format_quant_sections", "write_report"]
 
 _FP16 = get_format("fp16")
 
@@ -91,6 +98,7 @@ class StudyConfig:
     seed: int = 0
     corpus_seed: int = 0
     text: str | None = None
+    quant: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "recipes", tuple(get_recipe(r).name for r in self.recipes))
@@ -162,9 +170,11 @@ class StudyResult:
     config: StudyConfig
     corpus: dict
     runs: dict = field(default_factory=dict)
+    quant: object = None  # mpt.study_quant.QuantStudyResult, or None when not run
 
     def to_dict(self) -> dict:
         return {"config": self.config.describe(), "corpus": self.corpus,
+                "quant": None if self.quant is None else self.quant.to_dict(),
                 "runs": {name: {"recipe": get_recipe(name).describe(),
                                 "final_loss": r.final_loss, "seconds": r.seconds,
                                 "parameters": r.parameters,
@@ -264,6 +274,11 @@ def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> St
     result = StudyResult(config, corpus.describe())
     for name in config.recipes:
         result.runs[name] = run_recipe(config, name, corpus, progress)
+    if config.quant and config.text is None:
+        if progress:
+            print("quantization sections (QAT vs PTQ, LoRA) ...", file=sys.stderr, flush=True)
+        with _one_thread():
+            result.quant = run_quant_study(config, QuantStudyConfig.for_steps(config.steps))
     return result
 
 
@@ -344,6 +359,8 @@ def _markdown(result: StudyResult, plots: list[str]) -> str:
     lines += ["", "Workload and columns in detail: `python -c \"import mpt.study; "
               "help(mpt.study)\"`. Every step's metrics are in `study.json`.", ""]
     lines += [f"![{p}]({p})" for p in plots]
+    if result.quant is not None:
+        lines += ["", quant_markdown(result.quant)]
     return "\n".join(lines) + "\n"
 
 
