@@ -7,11 +7,20 @@
     mpt golden generate [--suite S] [--out DIR] [--seed N]
     mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
     mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
+    mpt golden run-torch --golden DIR --outputs DIR [--device cpu|cuda]
+                                           the same cases through PyTorch (optional dependency)
+    mpt study [--recipes R ...] [--steps N] [--text FILE] [--out DIR] [--seed S] [--no-plots]
+              [--no-quant]
+                                           train a small GPT under every precision recipe
+    mpt plan [--recipe R] [--vocab V] [--d-model D] [--layers L] [--heads H] [--seq S]
+             [--batch B] [--checkpoint K] [--backend flash|naive]
+                                           training memory per role for a GPT shape and recipe
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from fractions import Fraction
 
@@ -124,6 +133,17 @@ def _cmd_golden(args) -> int:
         out = golden.run_mpt(args.golden, args.outputs)
         print(f"wrote mpt's outputs for {args.golden} to {out}")
         return 0
+    if args.action == "run-torch":
+        from mpt.golden_torch import run_torch
+
+        try:
+            out, written, skipped = run_torch(args.golden, args.outputs, device=args.device)
+        except ImportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote PyTorch's outputs for {written} cases to {out} ({skipped} cases it cannot "
+              "express skipped: verify with --allow-missing)")
+        return 0
     rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing)
     print(golden.format_report(rows))
     if args.report:
@@ -140,13 +160,79 @@ def _add_golden(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
     v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
-    for q in (r, v):
+    t = actions.add_parser("run-torch", help="run a golden suite's inputs through PyTorch")
+    t.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    for q in (r, v, t):
         q.add_argument("--golden", required=True, metavar="DIR")
         q.add_argument("--outputs", required=True, metavar="DIR")
     v.add_argument("--report", metavar="FILE", help="also write the table as JSON")
     v.add_argument("--allow-missing", action="store_true",
                    help="cases without an output file are skipped, not failed")
     p.set_defaults(func=_cmd_golden)
+
+
+def _cmd_study(args) -> int:
+    from mpt import study
+
+    given = {"recipes": args.recipes, "steps": args.steps, "text": args.text, "seed": args.seed}
+    config = study.StudyConfig(quant=not args.no_quant,
+                               **{k: v for k, v in given.items() if v is not None})
+    result = study.run_study(config, progress=not args.quiet)
+    print(study.format_table(result))
+    if result.quant is not None:
+        print("\n" + study.format_quant_sections(result.quant))
+    paths = study.write_report(result, args.out, plots=not args.no_plots)
+    print(f"\nreport: {paths['report']}  (data: {paths['json'].name}"
+          + "".join(f", {p.name}" for p in paths["plots"]) + ")")
+    if paths["plots_skipped"]:
+        print(f"plots skipped: {paths['plots_skipped']}")
+    return 0
+
+
+def _add_study(sub) -> None:
+    p = sub.add_parser("study", help="train a small GPT under every precision recipe and "
+                                     "compare (the default workload of the README)")
+    p.add_argument("--recipes", nargs="+", metavar="RECIPE",
+                   help="recipes to run (default: all; an unknown name lists the valid ones)")
+    p.add_argument("--steps", type=int, help="optimizer steps per recipe (default 400)")
+    p.add_argument("--text", metavar="FILE", help="train on this file's bytes instead of the "
+                                                  "synthetic Markov corpus")
+    p.add_argument("--seed", type=int, help="seed of the initialisation, the batch order and "
+                                            "stochastic rounding (default 0)")
+    p.add_argument("--out", default="mpt-study", metavar="DIR",
+                   help="report folder (default: mpt-study)")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--no-quant", action="store_true", help="skip the quantization sections (QAT "
+                                                         "vs PTQ, LoRA over low-precision bases)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_cmd_study)
+
+
+def _cmd_plan(args) -> int:
+    from mpt import planning  # L5, imported when the command needs it
+
+    shape = planning.GPTShape(args.vocab, args.d_model, args.layers, args.heads, args.seq,
+                              args.mlp_ratio)
+    est = planning.training_memory(shape, args.recipe, args.batch, checkpoint=args.checkpoint,
+                                   backend=args.backend)
+    print(planning.format_memory_table(est))
+    return 0
+
+
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="training memory per role (weights, grads, master, optimizer, "
+                                    "activations) of a GPT shape under a recipe")
+    p.add_argument("--recipe", default="bf16-o2", help="precision recipe (default bf16-o2)")
+    for flag, default, what in (("--vocab", 50304, "vocabulary"), ("--d-model", 768, "width"),
+                                ("--layers", 12, "blocks"), ("--heads", 12, "attention heads"),
+                                ("--seq", 1024, "sequence length"),
+                                ("--mlp-ratio", 4, "MLP hidden / width"),
+                                ("--batch", 8, "sequences per micro-batch"),
+                                ("--checkpoint", 0, "checkpoint segments (0: none)")):
+        p.add_argument(flag, type=int, default=default, help=f"{what} (default {default})")
+    p.add_argument("--backend", default="flash", choices=("flash", "naive"),
+                   help="attention backend (default flash)")
+    p.set_defaults(func=_cmd_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,10 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the format table and a rounding tour")
     p.set_defaults(func=_cmd_demo)
     _add_golden(sub)
+    _add_study(sub)
+    _add_plan(sub)
     return parser
 
 
 def main(argv=None) -> int:
+    # Numba's OpenMP workers spin after each parallel kernel and steal the main thread's core
+    # on a small machine; read when the OpenMP runtime starts (the first parallel kernel).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -16,8 +16,13 @@ output's dtype, as its unsigned bit patterns, or as wider floats that hold the v
 (what ``torch.Tensor.float()`` writes). ``verify`` compares them case by case under each case's
 contract: bit-exact, or at most N ULP of the output format.
 
-Case *kinds* map inputs and parameters to outputs (``KINDS``); ``run_mpt`` recomputes every case
-with mpt itself, so ``generate → run_mpt → verify`` must be bit-exact everywhere.
+Case *kinds* map inputs and parameters to outputs (``KINDS``: ``round`` here, mma, gemm,
+fake_quant, optim, grad_scaler, attention and train_steps in :mod:`mpt.golden_cases`); ``run_mpt``
+recomputes every case with mpt itself, so ``generate → run_mpt → verify`` must be bit-exact
+everywhere. Integer and boolean outputs (masks, counters) must be equal. The committed default
+suite (``reference_results/default``) is mpt's numerics regression test: ``generate`` must
+reproduce every array hash (tests/test_golden.py); regenerate it when numerics change on purpose.
+PyTorch's side: :mod:`mpt.golden_torch`.
 """
 from __future__ import annotations
 
@@ -35,13 +40,15 @@ import numpy as np
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
 from mpt._io import sha256 as _sha256
 from mpt._version import __version__
+from mpt import golden_cases
 from mpt.formats import FORMATS, get_format
 from mpt.rounding import round as mpt_round
 from mpt.testing import as_bits, ulp_distance
 
 __all__ = [
     "SCHEMA_VERSION", "Case", "KINDS", "SUITES", "register_kind", "generate", "write_suite",
-    "load_suite", "run_mpt", "verify", "GoldenError",
+    "load_suite", "run_mpt", "verify", "GoldenError", "save_npz", "load_case", "describe_array",
+    "read_manifest", "passed", "format_report", "write_json_atomic",
 ]
 
 SCHEMA_VERSION = 1
@@ -89,6 +96,8 @@ def _compute_round(inputs, params):
 
 
 register_kind("round", _compute_round)
+for _kind, _compute in golden_cases.COMPUTE.items():
+    register_kind(_kind, _compute)
 
 
 # ---- suites --------------------------------------------------------------------------------------
@@ -134,7 +143,8 @@ def _rounding_cases(rng: np.random.Generator, n_random: int) -> list[Case]:
 
 #: suite name -> function(rng) -> cases (inputs only; outputs are computed by ``generate``).
 SUITES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
-    "default": lambda rng: _rounding_cases(rng, 256),
+    "default": lambda rng: _rounding_cases(rng, 256) + [
+        Case(*c) for c in golden_cases.default_cases(rng)],
 }
 
 
@@ -164,16 +174,16 @@ def _dtype_from_name(name: str) -> np.dtype:
 
 
 def _to_storable(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
     return a if a.dtype in _NATIVE else a.view(_UINT[a.dtype.itemsize])
 
 
-def _describe_array(a: np.ndarray) -> dict:
-    a = np.ascontiguousarray(a)
+def describe_array(a: np.ndarray) -> dict:
+    a = np.asarray(a, order="C")
     return {"dtype": a.dtype.name, "shape": list(a.shape), "sha256": _sha256(a.tobytes())}
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` atomically; return the file's sha256."""
     _atomic_write_bytes(path, lambda fh: np.savez(fh, **{k: _to_storable(v)
                                                           for k, v in arrays.items()}))
@@ -194,8 +204,8 @@ def write_suite(cases: list[Case], out_dir, *, suite: str = "custom") -> Path:
                 "name": case.name, "kind": case.kind, "params": case.params,
                 "contract": {"max_ulp": case.max_ulp, "text": case.contract},
                 "file": f"{case.name}.npz",
-                "file_sha256": _save_npz(tmp / f"{case.name}.npz", arrays),
-                "arrays": {k: _describe_array(v) for k, v in arrays.items()},
+                "file_sha256": save_npz(tmp / f"{case.name}.npz", arrays),
+                "arrays": {k: describe_array(v) for k, v in arrays.items()},
             })
         manifest = {
             "schema_version": SCHEMA_VERSION, "suite": suite,
@@ -218,7 +228,7 @@ def write_suite(cases: list[Case], out_dir, *, suite: str = "custom") -> Path:
     return out_dir
 
 
-def _read_manifest(golden_dir: Path) -> dict:
+def read_manifest(golden_dir: Path) -> dict:
     path = golden_dir / "manifest.json"
     if not path.is_file():
         raise GoldenError(f"no manifest.json in golden folder {golden_dir}")
@@ -232,7 +242,7 @@ def _read_manifest(golden_dir: Path) -> dict:
     return manifest
 
 
-def _load_case(golden_dir: Path, entry: dict) -> Case:
+def load_case(golden_dir: Path, entry: dict) -> Case:
     """Load one case after checking the file hash, then every array's dtype, shape and hash."""
     path = golden_dir / entry["file"]
     if not path.is_file():
@@ -260,7 +270,7 @@ def _load_case(golden_dir: Path, entry: dict) -> Case:
 def load_suite(golden_dir) -> list[Case]:
     """Load and check every case of a golden folder (raises GoldenError on the first problem)."""
     golden_dir = Path(golden_dir)
-    return [_load_case(golden_dir, e) for e in _read_manifest(golden_dir)["cases"]]
+    return [load_case(golden_dir, e) for e in read_manifest(golden_dir)["cases"]]
 
 
 def run_mpt(golden_dir, outputs_dir) -> Path:
@@ -268,7 +278,7 @@ def run_mpt(golden_dir, outputs_dir) -> Path:
     outputs_dir = Path(outputs_dir)
     outputs_dir.mkdir(parents=True, exist_ok=True)
     for case in load_suite(golden_dir):
-        _save_npz(outputs_dir / f"{case.name}.npz", KINDS[case.kind](case.inputs, case.params))
+        save_npz(outputs_dir / f"{case.name}.npz", KINDS[case.kind](case.inputs, case.params))
     return outputs_dir
 
 
@@ -291,9 +301,22 @@ def _as_declared(received: np.ndarray, like: np.ndarray) -> np.ndarray:
     raise GoldenError(f"dtype {received.dtype} cannot hold outputs of dtype {like.dtype.name}")
 
 
+def _compare_exact(actual: np.ndarray, desired: np.ndarray) -> dict:
+    """Integer and boolean outputs (masks, counters): equal or a mismatch, no ULPs."""
+    differ = actual != desired
+    if not differ.any():
+        return {"verdict": "bit-exact", "worst_ulp": 0}
+    first = np.unravel_index(int(np.flatnonzero(differ)[0]), differ.shape)
+    return {"verdict": "mismatch", "n_differ": int(differ.sum()),
+            "first_index": [int(i) for i in first], "actual_bits": str(actual[first].item()),
+            "desired_bits": str(desired[first].item())}
+
+
 def _compare(actual: np.ndarray, desired: np.ndarray, max_ulp: int) -> dict:
     if actual.shape != desired.shape:
         return {"verdict": "mismatch", "detail": f"shape {actual.shape} != {desired.shape}"}
+    if desired.dtype.kind in "biu":
+        return _compare_exact(actual, desired)
     abits, dbits = as_bits(actual), as_bits(desired)
     differ = abits != dbits
     if not differ.any():
@@ -306,7 +329,8 @@ def _compare(actual: np.ndarray, desired: np.ndarray, max_ulp: int) -> dict:
            "n_differ": int(differ.sum()), "first_index": [int(i) for i in first],
            "actual_bits": f"0x{int(abits[first]):0{width}x}",
            "desired_bits": f"0x{int(dbits[first]):0{width}x}"}
-    # A bit-exact contract fails on any differing pattern, even at distance 0 (−0 vs +0, NaN payload).
+    # A bit-exact contract fails on any differing pattern, even at distance 0 (−0 vs +0, NaN
+    # payload).
     ok = max_ulp > 0 and worst <= max_ulp
     row["verdict"] = f"within {worst} ULP" if ok else "mismatch"
     return row
@@ -321,10 +345,10 @@ def verify(golden_dir, outputs_dir, *, allow_missing: bool = False) -> list[dict
     """
     golden_dir, outputs_dir = Path(golden_dir), Path(outputs_dir)
     rows = []
-    for entry in _read_manifest(golden_dir)["cases"]:
+    for entry in read_manifest(golden_dir)["cases"]:
         row = {"case": entry["name"], "kind": entry["kind"], "contract": entry["contract"]["text"]}
         try:
-            case = _load_case(golden_dir, entry)
+            case = load_case(golden_dir, entry)
         except GoldenError as exc:
             rows.append({**row, "verdict": "corrupt golden", "detail": str(exc)})
             continue

@@ -48,7 +48,6 @@ updates, and the gradient-magnitude histogram of the FP32 run against the FP16 r
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -57,11 +56,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numba
-
 from mpt._io import atomic_write_bytes
 from mpt.corpus import MarkovCorpus, TextCorpus
 from mpt.formats import get_format
+from mpt.kernels.threads import one_thread
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
 from mpt.recipes import get_recipe, recipe_names
@@ -234,19 +232,6 @@ class _Progress:
               f"({seconds:.1f} s)", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run Numba kernels on the calling thread: the study's tensors are small, and on a busy
-    machine waking worker threads (which then spin) costs several times the work itself.
-    Results never depend on the thread count."""
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
-
-
 def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = False) -> RecipeRun:
     """Train the study's GPT under one recipe; returns its :class:`RecipeRun`."""
     corpus = _corpus(config) if corpus is None else corpus
@@ -257,7 +242,7 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
     bar = _Progress(recipe.name, config.steps, progress)
     start = time.perf_counter()
     stream = f"train.{config.seed}"
-    with _one_thread():
+    with one_thread():
         trainer.train(lambda step, micro: corpus.batch(config.batch, config.seq_len, stream,
                                                        step), config.steps, bar)
         final = trainer.evaluate([corpus.batch(config.batch, config.seq_len, "eval", k)
@@ -277,7 +262,7 @@ def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> St
     if config.quant and config.text is None:
         if progress:
             print("quantization sections (QAT vs PTQ, LoRA) ...", file=sys.stderr, flush=True)
-        with _one_thread():
+        with one_thread():
             result.quant = run_quant_study(config, QuantStudyConfig.for_steps(config.steps))
     return result
 

@@ -1,9 +1,22 @@
 """Shared test configuration: hypothesis profiles and paths to shared hardware data."""
 import os
+
+# Numba's OpenMP workers spin after each parallel kernel and steal the test thread's core on a
+# small machine (3-10x slower suites measured on 2 cores); read when OpenMP starts, so set early.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pathlib
+from importlib.metadata import entry_points
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# mpt's `golden` fixture: an installed mpt registers it through its pytest11 entry point; a
+# checkout that is not installed registers it here (never both: pluggy refuses a second copy).
+# The test mirrors mpt.pytest_plugin.entry_point_active(), without importing the plugin before
+# pytest does (it could no longer rewrite its asserts).
+if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
+        ep.value == "mpt.pytest_plugin" for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["mpt.pytest_plugin"]
 
 # "ci" is derandomized so a CI run is reproducible; "dev" explores new examples each run.
 # Deadlines are off: the first call of a Numba kernel includes its compilation.

@@ -1,5 +1,6 @@
 """Golden suites: generate → run → verify is bit-exact; corruption and bit flips are caught."""
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from mpt import golden
 from mpt.formats import get_format
 from mpt.cli import main
+from mpt.mma import mma_models
 
 
 def as_bits(a):
@@ -123,3 +125,73 @@ def test_cli_round_trip_and_exit_codes(suite, tmp_path, capsys):
     assert main(["golden", "verify", "--golden", str(tmp_path / "nope"),
                  "--outputs", str(out)]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+
+
+COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "reference_results" / "default"
+
+
+def _array_hashes(manifest):
+    return {e["name"]: (e["kind"], e["params"], e["contract"],
+                        {k: v["sha256"] for k, v in e["arrays"].items()})
+            for e in manifest["cases"]}
+
+
+def test_generate_reproduces_the_committed_suite_bit_for_bit(suite):
+    """The regression test of mpt's numerics: regenerate the committed default suite and compare
+    every array's sha256 (inputs and outputs). When mpt changes its numerics on purpose, run
+    ``mpt golden generate`` to refresh reference_results/default and commit it with the change."""
+    _, gdir, _ = suite
+    fresh = _array_hashes(json.loads((gdir / "manifest.json").read_text()))
+    committed = _array_hashes(json.loads((COMMITTED / "manifest.json").read_text()))
+    assert sorted(fresh) == sorted(committed)
+    changed = [name for name in fresh if fresh[name] != committed[name]]
+    assert not changed, f"{len(changed)} cases differ from the committed suite, e.g. {changed[:5]}"
+
+
+def test_committed_suite_loads_and_is_small():
+    cases = golden.load_suite(COMMITTED)                       # every hash checked on load
+    assert {c.kind for c in cases} == set(golden.KINDS)
+    size = sum(f.stat().st_size for f in COMMITTED.iterdir())
+    assert size < 4 * 2**20
+
+
+def test_default_suite_covers_every_mma_preset_and_format(suite):
+    cases, _, _ = suite
+    seen = {(c.params["model"], c.params["in_format"]) for c in cases if c.kind == "mma"}
+    for name, model in mma_models().items():
+        for cfg in model.configs:
+            assert all((name, f) in seen for f in cfg.inputs), name
+    assert max(c.inputs["a"].shape[-1] for c in cases if c.kind == "mma") == 4096
+    promoted = [c for c in cases if c.kind == "gemm" and c.params["promote_every"] == 128]
+    assert promoted and any(c.params["split_k"] > 1 for c in cases if c.kind == "gemm")
+
+
+def test_flipped_mask_and_counter_outputs_are_mismatches(suite, tmp_path):
+    _, gdir, out = suite
+    bad = _copy(out, tmp_path / "bad")
+    name = "fake_quant-per_tensor-qint8"
+    with np.load(bad / f"{name}.npz") as data:
+        arrays = {k: data[k].copy() for k in data.files}
+    arrays["mask"][7] = ~arrays["mask"][7]
+    np.savez(bad / f"{name}.npz", **arrays)
+    name2 = "grad_scaler-interval4"
+    with np.load(bad / f"{name2}.npz") as data:
+        arrays = {k: data[k].copy() for k in data.files}
+    arrays["growth_tracker"][3] += 1
+    np.savez(bad / f"{name2}.npz", **arrays)
+    rows = {r["case"]: r for r in golden.verify(gdir, bad)}
+    assert rows[name]["verdict"] == "mismatch" and rows[name]["output"] == "mask"
+    assert rows[name]["first_index"] == [7]
+    assert rows[name2]["verdict"] == "mismatch" and rows[name2]["first_index"] == [3]
+    assert sum(r["verdict"] != "bit-exact" for r in rows.values()) == 2
+
+
+def test_edge_cases_hold_specials(suite):
+    cases, _, _ = suite
+    case = next(c for c in cases if c.name == "mma-hopper-fp16-fp32-edge")
+    a = case.inputs["a"]
+    assert np.isnan(a).any() and np.isinf(a).any() and (a == 0).any()
+    assert (np.abs(a[np.isfinite(a)]) == np.float16(2**-24)).any()           # subnormal
+    d = case.outputs["d"]
+    assert np.isnan(d[0]).all() and np.isnan(d[:, 0]).all()        # NaN in a's row, b's column
+    assert np.isfinite(d[1:, 1:]).sum() >= 6

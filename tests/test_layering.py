@@ -14,10 +14,11 @@ LAYERS = {
     "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2,
     "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,
     "mpt.nn": 4, "mpt.optim": 4, "mpt.amp": 4, "mpt.fp8": 4, "mpt.checkpoint": 4,
-    "mpt.quant": 4, "mpt.lora": 4, "mpt.recipes": 4, "mpt.attention": 4,
-    "mpt.diagnostics": 5, "mpt.planning": 5, "mpt.golden": 5, "mpt.study": 5, "mpt.cli": 5,
+    "mpt.quant": 4, "mpt.lora": 4, "mpt.recipes": 4, "mpt.attention": 4, "mpt.linears": 4,
+    "mpt.diagnostics": 5, "mpt.planning": 5, "mpt.golden": 5, "mpt.golden_cases": 5,
+    "mpt.golden_torch": 5, "mpt.pytest_plugin": 5, "mpt.study": 5, "mpt.cli": 5,
     "mpt.testing": 5, "mpt._io": 5, "mpt.data": 5, "mpt.corpus": 5, "mpt.training": 5,
-    "mpt.report": 5,
+    "mpt.report": 5, "mpt.train_state": 5, "mpt.study_quant": 5,
     "mpt": 6,  # the package itself re-exports everything: importing it from inside is upward
 }
 REFERENCE_MAY_IMPORT = ("mpt.formats", "mpt.reference")

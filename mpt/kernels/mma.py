@@ -33,12 +33,12 @@ in ../shared/data/tensor_core_dumps (tests/test_mma_hardware.py).
 """
 from __future__ import annotations
 
-import contextlib
 
-import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
+
+from mpt.kernels.threads import one_thread
 
 __all__ = ["magnitude_range", "decode_terms", "block_chain", "exact_chain", "mul_add_chain",
            "threads_for"]
@@ -87,22 +87,10 @@ def _recip_pow2(p):
     return _from_bits(_RECIP_BITS - _as_bits(p))
 
 
-@contextlib.contextmanager
 def threads_for(work):
-    """Run the kernels of a call of ``work`` products on one thread when it is small.
-
-    A parallel region wakes Numba's worker threads, which takes microseconds on an idle machine
-    and a scheduler time slice (milliseconds) on a busy one. The bits never depend on it.
-    """
-    if work >= _PARALLEL_WORK:
-        yield
-        return
-    saved = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(saved)
+    """Run the kernels of a call of ``work`` products on one thread when it is small
+    (:func:`mpt.kernels.threads.one_thread`); the bits never depend on it."""
+    return one_thread(work < _PARALLEL_WORK)
 
 
 @njit(cache=True)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import functools
 import math
 
-import numba
 import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.fma import fma64
+from mpt.kernels.threads import one_thread
 
 __all__ = [
     "sum_anb", "softmax_rows", "softmax_backward_rows", "log_softmax_backward_rows",
@@ -45,14 +45,8 @@ def sized(kernel):
     work (and much more on a loaded machine). Bits never depend on the thread count."""
     @functools.wraps(kernel)
     def run(*args):
-        if args[0].size >= SERIAL_BELOW:
+        with one_thread(args[0].size < SERIAL_BELOW):
             return kernel(*args)
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            return kernel(*args)
-        finally:
-            numba.set_num_threads(threads)
     run.kernel = kernel
     return run
 

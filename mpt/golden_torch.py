@@ -1,0 +1,204 @@
+"""L5: run a golden suite's inputs through PyTorch and write its outputs for ``mpt golden verify``.
+
+torch is optional: :func:`run_torch` raises ImportError with an install hint when it is missing.
+Each case kind maps to one PyTorch operation (cases it cannot express write no file, and
+``verify --allow-missing`` reports them "skipped"):
+
+==============  ===========================================================================
+kind            PyTorch operation
+==============  ===========================================================================
+round           ``x.to(dtype)`` from float32 for ``nearest_even`` into fp16, bf16 and the four
+                fp8 dtypes, written for both the saturating and the non-saturating case (torch
+                has one conversion: verify tells which it is); other modes/formats: skipped
+mma             fp32 output: ``torch.matmul(a.float(), b.float()) + c`` — a float32 GEMM of the
+                exactly widened inputs (on CUDA with TF32 off, so that fp16/bf16 inputs are not
+                truncated); tf32 inputs: the same with ``allow_tf32=True`` on CUDA (plain
+                float32 on CPU); fp16 output: ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs).
+                fp8/fp6/fp4 inputs: skipped (no portable matmul)
+gemm            as mma's fp32 output, then ``.to(out dtype)``; per-tensor scales multiply the
+                float32 product first (``alpha·(a@b) + c``, alpha = f32(sa·sb)); split-K and
+                promotion are not controllable; FP8 and block-scaled cases are skipped
+fake_quant      ``torch.fake_quantize_per_tensor_affine`` / ``..._per_channel_affine`` via their
+                ``_cachemask`` aten variants (y and the straight-through mask)
+optim           ``torch.optim.SGD`` / ``AdamW`` with ``foreach=False, fused=False`` (the
+                single-tensor loop), the same hyper-parameters, one ``step()`` per stored grad
+grad_scaler     ``torch.amp.GradScaler(device)`` driving an SGD(lr=0) step per found_inf entry
+attention       ``torch.nn.functional.scaled_dot_product_attention`` in the input dtype,
+                forward and ``backward(grad_out)`` (PyTorch picks its own backend)
+==============  ===========================================================================
+
+Outputs of 8/16-bit float dtypes are written as their bit patterns (NaN payloads kept); the rest
+in their own dtype.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+
+from mpt.golden import save_npz, load_suite
+
+__all__ = ["run_torch", "TORCH_DTYPES"]
+
+#: mpt format name -> torch dtype attribute
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32",
+                "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
+                "fp8_e4m3fnuz": "float8_e4m3fnuz", "fp8_e5m2fnuz": "float8_e5m2fnuz"}
+_MATMUL_FORMATS = ("fp16", "bf16", "fp32", "tf32")
+
+
+def _import_torch():
+    try:
+        return importlib.import_module("torch")
+    except ImportError as exc:
+        raise ImportError("mpt golden run-torch needs PyTorch: pip install 'mpt[torch]' "
+                          f"(import failed: {exc})") from None
+
+
+class _Adapter:
+    """The case kinds as PyTorch calls on one device; each returns outputs or None (skipped)."""
+
+    def __init__(self, torch, device: str):
+        self.torch, self.device = torch, device
+
+    def t(self, x, fmt=None):
+        """A numpy input as a torch tensor on the device (ml_dtypes arrays via their bits)."""
+        torch = self.torch
+        if fmt in ("bf16",) or (fmt or "").startswith("fp8"):
+            bits = np.ascontiguousarray(x).view(f"u{x.dtype.itemsize}")
+            signed = bits.view(f"i{x.dtype.itemsize}")
+            t = torch.from_numpy(signed.copy()).view(getattr(torch, TORCH_DTYPES[fmt]))
+        else:
+            t = torch.from_numpy(np.ascontiguousarray(x).copy())
+        return t.to(self.device)
+
+    def out(self, t) -> np.ndarray:
+        t = t.detach().cpu().contiguous()
+        if t.is_floating_point() and t.element_size() < 4:
+            size = t.element_size()
+            ints = self.torch.int8 if size == 1 else self.torch.int16
+            return t.view(ints).numpy().view(f"u{size}").copy()
+        return t.numpy().copy()                          # not a view of a tensor that changes
+
+    # ---- kinds -------------------------------------------------------------------------------
+    def round(self, inputs, params):
+        fmt = params["format"]
+        if params["mode"] != "nearest_even" or fmt not in TORCH_DTYPES \
+                or fmt in ("fp32", "tf32") or not params["subnormals"]:
+            return None
+        return {"y": self.out(self.t(inputs["x"]).to(getattr(self.torch, TORCH_DTYPES[fmt])))}
+
+    def _addmm(self, a, b, c, fmt, alpha=None):
+        torch = self.torch
+        ta, tb = self.t(a, fmt).float(), self.t(b, fmt).float()
+        tc = self.t(c).float() if c is not None else None
+        cuda = self.device.startswith("cuda")
+        old = torch.backends.cuda.matmul.allow_tf32 if cuda else None
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = fmt == "tf32"
+        try:
+            d = torch.matmul(ta, tb)
+            if alpha is not None:
+                d = d * alpha
+            return d if tc is None else d + tc
+        finally:
+            if cuda:
+                torch.backends.cuda.matmul.allow_tf32 = old
+
+    def mma(self, inputs, params):
+        fmt, out = params["in_format"], params["out_format"]
+        if fmt not in _MATMUL_FORMATS:
+            return None
+        if out == "fp16":
+            if fmt != "fp16":
+                return None
+            ta, tb, tc = (self.t(inputs[n]) for n in ("a", "b", "c"))
+            return {"d": self.out(tc + self.torch.matmul(ta, tb))}
+        return {"d": self.out(self._addmm(inputs["a"], inputs["b"], inputs["c"], fmt))}
+
+    def gemm(self, inputs, params):
+        fmt = params["in_format"]
+        sa, sb = inputs.get("scale_a"), inputs.get("scale_b")
+        if fmt not in _MATMUL_FORMATS or any(s is not None and s.size > 1 for s in (sa, sb)):
+            return None
+        alpha = None if sa is None and sb is None else \
+            float(np.float32(1 if sa is None else sa) * np.float32(1 if sb is None else sb))
+        d = self._addmm(inputs["a"], inputs["b"], inputs.get("c"), fmt, alpha)
+        return {"d": self.out(d.to(getattr(self.torch, TORCH_DTYPES[params["out_format"]])))}
+
+    def fake_quant(self, inputs, params):
+        aten = self.torch.ops.aten
+        x, qmin, qmax = self.t(inputs["x"]), params["quant_min"], params["quant_max"]
+        if params["axis"] is None:
+            y, mask = aten.fake_quantize_per_tensor_affine_cachemask(
+                x, float(inputs["scale"]), int(inputs["zero_point"]), qmin, qmax)
+        else:
+            zp = self.t(inputs["zero_point"].astype(np.int32))
+            y, mask = aten.fake_quantize_per_channel_affine_cachemask(
+                x, self.t(inputs["scale"]), zp, params["axis"], qmin, qmax)
+        return {"y": self.out(y), "mask": self.out(mask)}
+
+    def optim(self, inputs, params):
+        torch = self.torch
+        cls = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[params["optimizer"]]
+        hyper = dict(params["hyper"])
+        if "betas" in hyper:
+            hyper["betas"] = tuple(hyper["betas"])
+        p = torch.nn.Parameter(self.t(inputs["p0"]))
+        opt = cls([p], foreach=False, fused=False, **hyper)
+        after = []
+        for g in inputs["grads"]:
+            p.grad = self.t(g)
+            opt.step()
+            after.append(self.out(p))
+        state = opt.state[p]
+        return {"p": np.stack(after), **{k: self.out(v) for k, v in state.items()
+                                          if k in ("exp_avg", "exp_avg_sq", "momentum_buffer")}}
+
+    def grad_scaler(self, inputs, params):
+        torch = self.torch
+        scaler = torch.amp.GradScaler(self.device.split(":")[0], **params)
+        p = torch.nn.Parameter(torch.zeros(1, device=self.device))
+        opt = torch.optim.SGD([p], lr=0.0)
+        scales, trackers = [], []
+        for found in inputs["found_inf"]:
+            scaler.scale(torch.ones((), device=self.device))
+            p.grad = torch.full((1,), float("inf") if found else 1.0, device=self.device)
+            scaler.step(opt)
+            scaler.update()
+            state = scaler.state_dict()
+            scales.append(state["scale"])
+            trackers.append(state["_growth_tracker"])
+        return {"scale": np.array(scales, np.float32),
+                "growth_tracker": np.array(trackers, np.int32)}
+
+    def attention(self, inputs, params):
+        fmt = params["format"]
+        q, k, v = (self.t(inputs[n], fmt).requires_grad_() for n in ("q", "k", "v"))
+        out = self.torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=params["is_causal"])
+        out.backward(self.t(inputs["grad_out"], fmt))
+        return {"out": self.out(out), "dq": self.out(q.grad), "dk": self.out(k.grad),
+                "dv": self.out(v.grad)}
+
+
+def run_torch(golden_dir, outputs_dir, *, device: str = "cpu") -> tuple[Path, int, int]:
+    """Feed every golden case to PyTorch on ``device``; write ``<case>.npz`` for the cases it
+    can express. Returns (outputs folder, cases written, cases skipped)."""
+    torch = _import_torch()
+    if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]'; got {device!r}")
+    adapter = _Adapter(torch, device)
+    outputs_dir = Path(outputs_dir)
+    outputs_dir.mkdir(parents=True, exist_ok=True)
+    written = skipped = 0
+    for case in load_suite(golden_dir):
+        compute = getattr(adapter, case.kind, None)
+        outputs = compute(case.inputs, case.params) if compute is not None else None
+        if outputs is None:
+            skipped += 1
+            continue
+        save_npz(outputs_dir / f"{case.name}.npz", outputs)
+        written += 1
+    return outputs_dir, written, skipped
