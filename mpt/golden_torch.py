@@ -10,10 +10,14 @@ kind            PyTorch operation
 round           ``x.to(dtype)`` from float32 for ``nearest_even`` into fp16, bf16 and the four
                 fp8 dtypes, written for both the saturating and the non-saturating case (torch
                 has one conversion: verify tells which it is); other modes/formats: skipped
-mma             fp32 output: ``torch.matmul(a.float(), b.float()) + c`` — a float32 GEMM of the
-                exactly widened inputs (on CUDA with TF32 off, so that fp16/bf16 inputs are not
-                truncated); tf32 inputs: the same with ``allow_tf32=True`` on CUDA (plain
-                float32 on CPU); fp16 output: ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs).
+mma             fp32 output: on CUDA, fp16/bf16 2-D inputs go to the Tensor Cores as
+                ``torch.mm(a, b, out_dtype=torch.float32) + c`` (untested on hardware here);
+                otherwise ``torch.matmul(a.float(), b.float()) + c`` — a float32 GEMM of the
+                exactly widened inputs (on CUDA with TF32 off); tf32 inputs: the same with
+                ``allow_tf32=True`` on CUDA (plain float32 on CPU); fp16 output:
+                ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs). c is added after the
+                product, where an MMA starts from it: compare cases with c = 0, or read the
+                differences in that light.
                 fp8/fp6/fp4 inputs: skipped (no portable matmul)
 gemm            as mma's fp32 output, then ``.to(out dtype)``; per-tensor scales multiply the
                 float32 product first (``alpha·(a@b) + c``, alpha = f32(sa·sb)); split-K and
@@ -91,9 +95,15 @@ class _Adapter:
 
     def _addmm(self, a, b, c, fmt, alpha=None):
         torch = self.torch
-        ta, tb = self.t(a, fmt).float(), self.t(b, fmt).float()
-        tc = self.t(c).float() if c is not None else None
         cuda = self.device.startswith("cuda")
+        tc = self.t(c).float() if c is not None else None
+        if cuda and fmt in ("fp16", "bf16") and a.ndim == 2:
+            # The Tensor Core path: cuBLAS fp16/bf16 GEMM with an FP32 result (what the
+            # hopper/ampere presets model; c is still added after the product).
+            d = torch.mm(self.t(a, fmt), self.t(b, fmt), out_dtype=torch.float32)
+            d = d if alpha is None else d * alpha
+            return d if tc is None else d + tc
+        ta, tb = self.t(a, fmt).float(), self.t(b, fmt).float()
         old = torch.backends.cuda.matmul.allow_tf32 if cuda else None
         if cuda:
             torch.backends.cuda.matmul.allow_tf32 = fmt == "tf32"
