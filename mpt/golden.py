@@ -38,6 +38,7 @@ import ml_dtypes
 import numpy as np
 
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
+from mpt._io import dtype_from_name, storable
 from mpt._io import sha256 as _sha256
 from mpt._version import __version__
 from mpt import golden_cases
@@ -52,9 +53,6 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-_NATIVE = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32,
-                                 np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_)}
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 class GoldenError(ValueError):
@@ -161,21 +159,9 @@ def generate(suite: str = "default", seed: int = 0) -> list[Case]:
 # ---- storage -------------------------------------------------------------------------------------
 def _dtype_from_name(name: str) -> np.dtype:
     try:
-        return np.dtype(get_format(name).dtype)
-    except (ValueError, TypeError):
-        pass
-    try:
-        dtype = np.dtype(name)
-    except TypeError:
-        raise GoldenError(f"unknown dtype {name!r} in manifest") from None
-    if dtype not in _NATIVE:
-        raise GoldenError(f"dtype {name!r} in manifest is not a plain numeric dtype")
-    return dtype
-
-
-def _to_storable(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, order="C")  # keeps 0-d arrays 0-d
-    return a if a.dtype in _NATIVE else a.view(_UINT[a.dtype.itemsize])
+        return dtype_from_name(name)
+    except ValueError as exc:
+        raise GoldenError(f"{exc} in manifest") from None
 
 
 def describe_array(a: np.ndarray) -> dict:
@@ -185,7 +171,7 @@ def describe_array(a: np.ndarray) -> dict:
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write ``arrays`` atomically; return the file's sha256."""
-    _atomic_write_bytes(path, lambda fh: np.savez(fh, **{k: _to_storable(v)
+    _atomic_write_bytes(path, lambda fh: np.savez(fh, **{k: storable(v)
                                                           for k, v in arrays.items()}))
     return _sha256(path.read_bytes())
 
@@ -287,7 +273,7 @@ def _as_declared(received: np.ndarray, like: np.ndarray) -> np.ndarray:
     """A backend array in the golden output's dtype: same dtype, bit patterns, or exact values."""
     if received.dtype == like.dtype:
         return received
-    if received.dtype == _UINT.get(like.dtype.itemsize):
+    if received.dtype == np.dtype(f"u{like.dtype.itemsize}"):  # the bit patterns
         return received.view(like.dtype)
     if received.dtype.kind == "f" and like.dtype.kind in "fV":
         with np.errstate(over="ignore", invalid="ignore"):

@@ -26,10 +26,9 @@ import io
 import json
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
-from mpt._io import atomic_write_bytes, sha256
+from mpt._io import atomic_write_bytes, dtype_from_name, sha256, storable
 from mpt.functional import get_rng_state, set_rng_state
 from mpt.training import StepMetrics
 
@@ -38,9 +37,6 @@ __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
 FORMAT = "mpt-train-state"
 VERSION = 1
 _MANIFEST = "manifest.json"
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-_NATIVE = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64,
-                                 np.uint8, np.uint16, np.uint32, np.uint64)}
 
 
 class CheckpointError(ValueError):
@@ -80,11 +76,6 @@ def _jsonable(x):
 
 
 # ---- saving --------------------------------------------------------------------------------------
-def _storable(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, order="C")                      # (ascontiguousarray would make 0-d 1-d)
-    return a if a.dtype in _NATIVE else a.view(_UINT[a.dtype.itemsize])
-
-
 def save_checkpoint(trainer, path) -> Path:
     """Write ``trainer``'s complete state into the folder ``path`` (created if missing)
     atomically (module docstring); returns the manifest's path."""
@@ -93,7 +84,7 @@ def save_checkpoint(trainer, path) -> Path:
     arrays, state = _collect(trainer)
     keys = {name: f"a{i}" for i, name in enumerate(arrays)}
     buffer = io.BytesIO()
-    np.savez(buffer, **{keys[n]: _storable(a) for n, a in arrays.items()})
+    np.savez(buffer, **{keys[n]: storable(a) for n, a in arrays.items()})
     data = buffer.getvalue()
     digest = sha256(data)
     npz_name = f"state-{digest[:16]}.npz"
@@ -118,15 +109,10 @@ def _manifest_digest(body: dict) -> str:
 
 # ---- loading -------------------------------------------------------------------------------------
 def _dtype(name: str) -> np.dtype:
-    if hasattr(ml_dtypes, name):
-        return np.dtype(getattr(ml_dtypes, name))
     try:
-        dtype = np.dtype(name)
-    except TypeError:
-        raise CheckpointError(f"unknown dtype {name!r} in the manifest") from None
-    if dtype not in _NATIVE:
-        raise CheckpointError(f"dtype {name!r} in the manifest is not a plain numeric dtype")
-    return dtype
+        return dtype_from_name(name)
+    except ValueError as exc:
+        raise CheckpointError(f"{exc} in the manifest") from None
 
 
 def _read_manifest(folder: Path) -> dict:
