@@ -283,29 +283,26 @@ class Tensor:
                                  "grad= (the gradient of the output); only a one-element tensor "
                                  "gets the implicit grad 1")
             return np.ones(self.shape, self.format.dtype)
-        if isinstance(grad, Tensor):
-            if grad.format != self.format:
-                raise TypeError(f"grad must have the output's format {self.format.name}; "
-                                f"got {grad.format.name}")
-            seed = grad._data
-        else:
-            seed = round_to(np.asarray(grad, np.float64), self.format)
+        seed = self._own_format(grad, "grad")
         if seed.shape != self.shape:
             raise ValueError(f"grad must have the output's shape {self.shape}; got {seed.shape}")
         return seed
+
+    def _own_format(self, value, name: str) -> np.ndarray:
+        """``value`` as an array of this tensor's format: a Tensor must already have it (no
+        silent cast); numbers are rounded once (RNE)."""
+        if isinstance(value, Tensor):
+            if value.format != self.format:
+                raise TypeError(f"{name} must have this tensor's format {self.format.name}; got "
+                                f"{value.format.name} (cast it with .to() first)")
+            return value._data
+        return round_to(np.asarray(value, np.float64), self.format)
 
     # ---- in-place changes ----------------------------------------------------------------------
     def __setitem__(self, index, value) -> None:
         """``t[index] = value``: ``value`` (Tensor of this format, or numbers rounded RNE to it)
         written in place; bumps the version. Not recorded in the graph."""
-        if isinstance(value, Tensor):
-            if value.format != self.format:
-                raise TypeError(f"cannot write a {value.format.name} tensor into a "
-                                f"{self.format.name} tensor; cast it with .to() first")
-            value = value._data
-        else:
-            value = round_to(np.asarray(value, np.float64), self.format)
-        self._data[index] = value
+        self._data[index] = self._own_format(value, "value")
         self._version += 1
 
     def copy_(self, src) -> "Tensor":
