@@ -8,7 +8,7 @@ from mpt.formats import FORMATS, Format, RoundingMode, custom_format, get_format
 # L1 rounding: every conversion to a format (`mpt.round` shadows the builtin inside mpt only)
 from mpt.rounding import decode, round
 # L1 Tensor Core models and the GEMM around them (mpt.mma: `mpt.mma` is the function)
-from mpt.mma import MMAConfig, MMAModel, gemm, get_mma_model, mma, mma_models
+from mpt.engines import MMAConfig, MMAModel, gemm, get_mma_model, mma, mma_models
 # L2-L3 autograd-core: tensors, functions, ops, autocast
 from mpt.tensor import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled, tensor
 from mpt.function import Function

@@ -27,7 +27,7 @@ from mpt.amp import GradScaler
 from mpt.formats import get_format
 from mpt.functional import scaled_dot_product_attention
 from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
-from mpt.mma import gemm, mma, mma_models
+from mpt.engines import gemm, mma, mma_models
 from mpt.nn import GPT, Parameter
 from mpt.optim import SGD, AdamW
 from mpt.rounding import round as mpt_round

@@ -46,7 +46,7 @@ from mpt.formats import get_format
 from mpt.fp8 import DelayedScaling
 from mpt.function import Function
 from mpt.kernels.ops import sum_anb
-from mpt.mma import gemm
+from mpt.engines import gemm
 from mpt.nn import Linear, Module
 from mpt.tensor import opmath, round_to
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from mpt.formats import get_format, rounding_mode
 from mpt.fp8 import DelayedScaling
-from mpt.mma import get_mma_model
+from mpt.engines import get_mma_model
 
 __all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]
 

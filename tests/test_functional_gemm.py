@@ -8,7 +8,7 @@ import pytest
 
 import mpt
 import mpt.functional as F
-from mpt.mma import gemm
+from mpt.engines import gemm
 
 BF16 = ml_dtypes.bfloat16
 

@@ -8,7 +8,7 @@ import pytest
 from mpt import golden
 from mpt.formats import get_format
 from mpt.cli import main
-from mpt.mma import mma_models
+from mpt.engines import mma_models
 
 
 def as_bits(a):

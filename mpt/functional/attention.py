@@ -52,7 +52,7 @@ from mpt.functional.nn_ops import _next_stream, dropout_mask
 from mpt.functional.shape import getitem
 from mpt.kernels import attention as _flash
 from mpt.kernels.ops import softmax_backward_rows, softmax_rows
-from mpt.mma import get_mma_model
+from mpt.engines import get_mma_model
 from mpt.tensor import Tensor, opmath, round_to
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "BACKENDS"]

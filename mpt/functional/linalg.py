@@ -27,7 +27,7 @@ from mpt.autocast import autocast_op, current_model
 from mpt.function import Function
 from mpt.functional._common import check_tensor, common_format, sum_axes, unbroadcast
 from mpt.kernels.ops import matmul_f64
-from mpt.mma import gemm as _mma_gemm
+from mpt.engines import gemm as _mma_gemm
 from mpt.tensor import opmath, round_to
 
 __all__ = ["matmul", "linear", "gemm_model"]

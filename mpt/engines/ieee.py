@@ -1,0 +1,75 @@
+"""L1: the IEEE models — what a CPU or a CUDA-core loop computes — and the exact dot product.
+
+``ieee_fma``: ``acc = fma(a_k, b_k, acc)`` per k in increasing k, one RNE rounding to FP32 each
+(a CUDA-core loop, a CPU, and mpt's FP32 matmul). ``ieee_mul_add``: product and sum rounded
+separately. ``exact``: the exact dot product plus c, rounded once to nearest-even (the best any
+hardware could do). Kernels: :mod:`mpt.kernels.gemm` (``fma_chain``, register-blocked) and
+:mod:`mpt.kernels.mma`. Oracles: :mod:`mpt.reference.mma`. Evidence: IEEE 754 fixes every bit of
+these (documented).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpt.engines.model import MMAConfig, MMAModel, register_model
+from mpt.engines.nvidia import F8F6F4
+from mpt.engines.operands import Operands, PackedOperands, output_params, register_kind
+from mpt.kernels import gemm as _gemm
+from mpt.kernels import mma as _mma
+
+__all__ = ["MODELS", "ANY_FORMAT"]
+
+#: Every input format the IEEE and exact models accept (decoded exactly to float32).
+ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e5m2fnuz")
+
+
+@register_kind("ieee_fma")
+class FmaOperands(PackedOperands):
+    """FP32 accumulator; the register-blocked FMA kernel on packed panels."""
+
+    acc_dtype = np.float32
+
+    def prepare(self):
+        self.rows = _gemm.ROWS
+        self.pack()
+
+    def chain(self, acc, k0, k1):
+        _gemm.fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
+
+
+@register_kind("ieee_mul_add")
+class MulAddOperands(Operands):
+    acc_dtype = np.float32
+
+    def chain(self, acc, k0, k1):
+        _mma.mul_add_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
+
+
+@register_kind("exact")
+class ExactOperands(Operands):
+    """float64 accumulator holding values of the output format; one task per output row."""
+
+    def prepare(self):
+        precision, emin, largest, _ = output_params(self.cfg.output(self.out_format)[0])
+        self.params = (precision, emin, largest)
+
+    def chain(self, acc, k0, k1):
+        _mma.exact_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, *self.params)
+
+
+_DOCUMENTED = {"evidence": "documented"}
+
+MODELS = tuple(register_model(m) for m in (
+    MMAModel("ieee_fma", "ieee_fma", "sequential IEEE FP32 fused multiply-add in increasing k "
+             "(a CPU or CUDA-core loop; mpt's FP32 matmul)", (
+        MMAConfig(ANY_FORMAT, "fma.rn.f32 per k", 1, None, (("fp32", "rne_fp32", None),),
+                  **_DOCUMENTED),)),
+    MMAModel("ieee_mul_add", "ieee_mul_add", "sequential IEEE FP32 multiply then add, each rounded "
+             "(RNE), in increasing k", (
+        MMAConfig(ANY_FORMAT, "mul.rn.f32 + add.rn.f32 per k", 1, None,
+                  (("fp32", "rne_fp32", None),), **_DOCUMENTED),)),
+    MMAModel("exact", "exact", "the exact dot product plus c, rounded once to nearest-even "
+             "(the best any hardware could do)", (
+        MMAConfig(ANY_FORMAT, "exact sum, one rounding", None, None,
+                  (("fp32", "rne_fp32", None), ("fp16", "rne_fp16", None)), **_DOCUMENTED),)),
+))

@@ -1,0 +1,190 @@
+"""L1: operands — A and B of one product, decoded once for one MMA model, and the chain over k.
+
+Every arithmetic ``kind`` of :class:`~mpt.engines.model.MMAModel` has one :class:`Operands`
+subclass, registered with :func:`register_kind`. ``mpt.mma`` and ``mpt.gemm`` only use this
+interface:
+
+* ``ops = cls(model, cfg, a, b, formats, out_format, batch)`` decodes the operands once;
+* ``acc = ops.new_acc(c)`` makes an accumulator holding c (or +0);
+* ``ops.chain(acc, k0, k1)`` runs the model over k in [k0, k1), in increasing k, in place
+  (k0 and k1 multiples of :attr:`Operands.unit`, or K);
+* ``ops.values(acc)`` returns the accumulator as (B, M, N) float32 values of the output format.
+
+The base class keeps the accumulator as a plain (B, M, N) array of :attr:`acc_dtype`; subclasses
+with packed, register-blocked kernels override the three methods.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mpt.formats import get_format
+from mpt.kernels import gemm as _gemm
+
+__all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "values32",
+           "batched", "tiles", "transposed", "output_params", "emin_pow2"]
+
+_KINDS: dict[str, type] = {}
+
+
+def register_kind(kind: str):
+    """Class decorator: the operand class of every model of arithmetic ``kind``."""
+    def register(cls):
+        if kind in _KINDS:
+            raise ValueError(f"MMA arithmetic kind {kind!r} is already registered")
+        _KINDS[kind] = cls
+        return cls
+    return register
+
+
+def operands_class(kind: str) -> type:
+    try:
+        return _KINDS[kind]
+    except KeyError:
+        raise ValueError(f"no operand class for MMA arithmetic kind {kind!r}; known kinds: "
+                         f"{', '.join(_KINDS)}") from None
+
+
+def values32(x: np.ndarray, fmt: str) -> np.ndarray:
+    """The float32 values of an operand (tf32: the low 13 bits of the pattern dropped)."""
+    if fmt == "tf32":
+        return (np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(flattened (B', R, C) array, (B,) index of each broadcast batch element into it)."""
+    flat = np.ascontiguousarray(x).reshape((int(np.prod(x.shape[:-2])),) + x.shape[-2:])
+    index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
+    return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
+
+
+def tiles(n: int, size: int) -> int:
+    """Tiles of ``size`` that cover ``n`` (ceil(n / size))."""
+    return -(-n // size)
+
+
+def transposed(x):
+    """(B, R, C) -> (B, C, R), or each array of a tuple."""
+    if isinstance(x, tuple):
+        return tuple(transposed(y) for y in x)
+    return x.transpose(0, 2, 1)
+
+
+class Operands:
+    """A and B of one product, decoded once, with the model's chain over k (module docstring).
+
+    ``formats``: the (A, B) format names; ``out_format``: the output format name; ``batch``: the
+    broadcast batch shape. Subclasses implement :meth:`chain` and may override :meth:`prepare`
+    (decode the float32 operands ``self.a``/``self.b``), :meth:`new_acc` and :meth:`values`.
+    """
+
+    acc_dtype = np.float64
+
+    def __init__(self, model, cfg, a, b, formats, out_format, batch):
+        self.model, self.cfg = model, cfg
+        self.formats, self.out_format = tuple(formats), out_format
+        self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
+        self.a, self.ia = batched(values32(a, formats[0]), batch)     # (Ba, M, K)
+        self.b, self.ib = batched(values32(b, formats[1]), batch)     # (Bb, K, N)
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Decode ``self.a``/``self.b`` further for the kernels (default: keep float32)."""
+
+    @property
+    def unit(self) -> int:
+        """Products per chained step (the block or instruction K; 1 for per-k models)."""
+        return self.cfg.block or 1
+
+    @property
+    def batch_size(self) -> int:
+        return self.ia.size
+
+    @property
+    def work(self) -> int:
+        """Products in the whole call (B·M·N·K)."""
+        return self.batch_size * self.m * self.n * self.k
+
+    def new_acc(self, c=None) -> np.ndarray:
+        """An accumulator holding c ((B, M, N) values of the output format) or +0."""
+        acc = np.zeros((self.batch_size, self.m, self.n), self.acc_dtype)
+        if c is not None:
+            acc[...] = c
+        return acc
+
+    def chain(self, acc, k0: int, k1: int) -> None:
+        raise NotImplementedError
+
+    def values(self, acc) -> np.ndarray:
+        """The accumulator as (B, M, N) float32 values."""
+        return np.ascontiguousarray(acc, dtype=np.float32)
+
+
+class PackedOperands(Operands):
+    """Operands for the register-blocked kernels of :mod:`mpt.kernels.gemm`: packed, zero-padded
+    panels (A in row panels of :attr:`rows`, B in column panels of ``COLS``) and a padded
+    accumulator. They compute Cᵀ = Bᵀ·Aᵀ instead when that pads less (the models that use them
+    are symmetric in a and b, element by element). Subclasses set :attr:`rows` in
+    :meth:`prepare` (0: not packed) and may hold a tuple of arrays per operand.
+    """
+
+    rows = 0
+    swap = False
+
+    def pack(self) -> None:
+        """Swap (if it pads less) and pack ``self.a``/``self.b`` (arrays or tuples of arrays)."""
+        cols = _gemm.COLS
+        self.swap = tiles(self.n, self.rows) * tiles(self.m, cols) < \
+            tiles(self.m, self.rows) * tiles(self.n, cols)
+        if self.swap:
+            self.a, self.b = transposed(self.b), transposed(self.a)
+            self.ia, self.ib = self.ib, self.ia
+        self.a = _each(self.a, lambda x: _gemm.pack_rows(x, self.rows))
+        self.b = _each(self.b, _gemm.pack_cols)
+
+    @property
+    def _shape(self) -> tuple[int, int]:
+        """(rows, cols) of the computed product (N, M when swapped)."""
+        return (self.n, self.m) if self.swap else (self.m, self.n)
+
+    def _padded(self, c) -> np.ndarray:
+        rows, cols = self._shape
+        acc = np.zeros((self.batch_size, tiles(rows, self.rows) * self.rows,
+                        tiles(cols, _gemm.COLS) * _gemm.COLS), self.acc_dtype)
+        if c is not None:
+            acc[:, :rows, :cols] = transposed(c) if self.swap else c
+        return acc
+
+    def new_acc(self, c=None) -> np.ndarray:
+        if not self.rows:
+            return super().new_acc(c)
+        return self._padded(c)
+
+    def values(self, acc) -> np.ndarray:
+        if not self.rows:
+            return super().values(acc)
+        rows, cols = self._shape
+        d = acc[:, :rows, :cols]
+        return np.ascontiguousarray(transposed(d) if self.swap else d, dtype=np.float32)
+
+
+def _each(x, fn):
+    return tuple(fn(y) for y in x) if isinstance(x, tuple) else fn(x)
+
+
+def output_params(rounding: str) -> tuple:
+    """(significant bits, emin, largest finite value, round to nearest?) of an output rounding."""
+    return _ROUNDINGS[rounding]
+
+
+_ROUNDINGS = {
+    "rz_fp32": (24, -126, float.fromhex("0x1.fffffep127"), False),
+    "rz_e8m13": (14, -126, float.fromhex("0x1.fffcp127"), False),
+    "rne_fp16": (11, -14, 65504.0, True),
+    "rne_fp32": (24, -126, float.fromhex("0x1.fffffep127"), True),
+}
+
+
+def emin_pow2(fmt: str) -> float:
+    """2^emin of a format: the nominal exponent of its subnormals."""
+    return 2.0 ** get_format(fmt).emin
