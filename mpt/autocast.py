@@ -34,8 +34,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import threading
 
+from mpt.autograd.context import State
 from mpt.formats import Format, get_format
 from mpt.function import Function
 from mpt.tensor import Tensor, is_grad_enabled
@@ -66,39 +66,43 @@ class AutocastState:
     cache_enabled: bool = True
 
 
-class _Local(threading.local):
-    state = AutocastState()
-    cache = None      # dict while an enabled region with cache_enabled is open
-    depth = 0         # open enabled regions
+AUTOCAST = State("autocast", AutocastState())
 
 
-_LOCAL = _Local()
+def _fresh_cache():
+    """The cast cache a region starts with: a new dict when casts are cached, else None."""
+    state = AUTOCAST.get()
+    return {} if state.enabled and state.cache_enabled else None
+
+
+#: The cast cache: a dict while an enabled region with cache_enabled is open (not part of a
+#: context snapshot: a replayed region starts with a fresh one).
+CAST_CACHE = State("autocast_cache", None, replayed=False, fresh=_fresh_cache)
 
 
 def autocast_state() -> AutocastState:
     """The current autocast state (frozen; compare or replay it with :func:`replay_autocast`)."""
-    return _LOCAL.state
+    return AUTOCAST.get()
 
 
 def current_model() -> str:
     """The matmul model in effect (see the module docstring)."""
-    return _LOCAL.state.model
+    return AUTOCAST.get().model
 
 
 @contextlib.contextmanager
 def _state(new: AutocastState):
-    local = _LOCAL
-    previous, previous_cache = local.state, local.cache
-    opens = new.enabled and new.cache_enabled and local.cache is None
-    local.state = new
-    if opens:
-        local.cache = {}
+    previous, previous_cache = AUTOCAST.get(), CAST_CACHE.get()
+    AUTOCAST.set(new)
+    if new.enabled and new.cache_enabled and previous_cache is None:
+        CAST_CACHE.set({})
     elif not new.enabled or not new.cache_enabled:
-        local.cache = None
+        CAST_CACHE.set(None)
     try:
         yield new
     finally:
-        local.state, local.cache = previous, previous_cache
+        AUTOCAST.set(previous)
+        CAST_CACHE.set(previous_cache)
 
 
 def _check_model(model) -> str:
@@ -115,13 +119,13 @@ def autocast(dtype="fp16", model: str = "hopper", enabled: bool = True, cache_en
     if fmt not in _LOWER:
         raise ValueError(f"autocast dtype must be 'fp16' or 'bf16'; got {fmt.name!r}")
     if not enabled:
-        return _state(dataclasses.replace(_LOCAL.state, enabled=False, dtype=None))
+        return _state(dataclasses.replace(AUTOCAST.get(), enabled=False, dtype=None))
     return _state(AutocastState(True, fmt, _check_model(model), bool(cache_enabled)))
 
 
 def matmul_model(name: str):
     """Context manager setting the matmul model of every GEMM (also inside autocast regions)."""
-    return _state(dataclasses.replace(_LOCAL.state, model=_check_model(name)))
+    return _state(dataclasses.replace(AUTOCAST.get(), model=_check_model(name)))
 
 
 def replay_autocast(state: AutocastState):
@@ -136,7 +140,7 @@ def replay_autocast(state: AutocastState):
 
 def _cast(t: Tensor, fmt: Format) -> Tensor:
     """``t.to(fmt)``, through the cast cache for leaves that require grad."""
-    cache = _LOCAL.cache
+    cache = CAST_CACHE.get()
     if cache is None or not (t.requires_grad and t._node is None):
         return t.to(fmt)
     key = (id(t), fmt.name, is_grad_enabled())
@@ -204,7 +208,7 @@ def _check_policy(policy) -> str:
 def _wrap(fn, policy: str, name: str):
     @functools.wraps(fn)
     def op(*args, **kwargs):
-        state = _LOCAL.state
+        state = AUTOCAST.get()
         if state.enabled:
             args, kwargs = cast_for_policy(policy, args, kwargs, state)
         return fn(*args, **kwargs)

@@ -1,17 +1,17 @@
 """L4: gradient checkpointing (Chen et al. 2016; ``torch.utils.checkpoint``) — keep a segment's
 inputs, drop its activations, recompute them in the backward pass.
 
-``checkpoint(fn, *args)`` runs ``fn`` under ``no_grad`` and records one node that keeps only
-``args``. When the backward reaches it, the node
+``checkpoint(fn, *args)`` takes a snapshot of the thread's context (:mod:`mpt.autograd.context`:
+grad mode, the autocast region and its matmul model, the cast policies of the running modules,
+the dropout generator, the autograd hooks), runs ``fn`` under ``no_grad`` and records one node
+that keeps only ``args``. When the backward reaches it, the node
 
-1. restores the dropout generator state of the forward (``preserve_rng_state=True``), so that the
-   recomputation draws the same masks, and afterwards puts back the outer state (the RNG stream
-   of the rest of the run is not disturbed: the forward already advanced it exactly as an
-   un-checkpointed forward would);
-2. replays the autocast state of the forward (``mpt.replay_autocast``: the region's dtype, the
-   matmul model, a fresh cast cache), with grad mode on;
-3. reruns ``fn`` on detached copies of ``args`` and backpropagates the incoming gradient through
-   the recomputed graph, which is then freed.
+1. replays the snapshot — every op of the recomputation sees the state of the forward (a fresh
+   cast cache; with ``preserve_rng_state=False`` the dropout generator is left as it is) — and
+   afterwards puts back every state as it was (the RNG stream of the rest of the run is not
+   disturbed: the forward already advanced it exactly as an un-checkpointed forward would);
+2. reruns ``fn`` on detached copies of ``args`` with grad mode on and backpropagates the
+   incoming gradient through the recomputed graph, which is then freed.
 
 Every op thus recomputes the same bits, and the gradient of each tensor inside the segment is
 summed in the same order as without checkpointing (the engine visits the recomputed nodes in the
@@ -31,21 +31,21 @@ import math
 
 import numpy as np
 
-from mpt.autocast import autocast_state, replay_autocast
+from mpt.autograd import context
 from mpt.function import Function
-from mpt.functional import get_rng_state, set_rng_state
+from mpt.functional.nn_ops import RNG
 from mpt.tensor import Tensor, enable_grad, is_grad_enabled, no_grad
 
 __all__ = ["checkpoint", "checkpoint_sequential", "segment_sizes"]
 
 
 class _Run:
-    """What a checkpoint node needs to recompute: fn, its arguments, the forward's states."""
+    """What a checkpoint node needs to recompute: fn, its arguments, the forward's context."""
 
     def __init__(self, fn, args, params, preserve_rng_state):
         self.fn, self.args, self.params = fn, args, params
-        self.rng = get_rng_state() if preserve_rng_state else None
-        self.autocast = autocast_state()
+        self.context = context.snapshot()
+        self.skip = () if preserve_rng_state else (RNG.name,)
 
 
 class _Checkpoint(Function):
@@ -68,14 +68,8 @@ class _Checkpoint(Function):
         stashed = [p.grad for p in run.params]
         for p in run.params:
             p.grad = None
-        outer_rng = get_rng_state()
-        try:
-            if run.rng is not None:
-                set_rng_state(run.rng)
-            with replay_autocast(run.autocast), enable_grad():
-                out = run.fn(*inputs)
-        finally:
-            set_rng_state(outer_rng)
+        with context.replay(run.context, skip=run.skip), enable_grad():
+            out = run.fn(*inputs)
         if out.requires_grad:
             out.backward(Tensor(g, out.format))
         input_grads = [t.grad.data if isinstance(t, Tensor) and t.requires_grad and
@@ -88,8 +82,8 @@ class _Checkpoint(Function):
 
 
 def checkpoint(fn, *args, preserve_rng_state: bool = True) -> Tensor:
-    """``fn(*args)`` without keeping its activations: recomputed in the backward pass with the
-    forward's dropout-generator and autocast states (module docstring). Outside grad mode, or
+    """``fn(*args)`` without keeping its activations: recomputed in the backward pass in the
+    forward's context (module docstring). Outside grad mode, or
     when nothing requires grad, this is just ``fn(*args)``."""
     if not callable(fn):
         raise TypeError(f"checkpoint: fn must be callable; got {type(fn).__name__}")

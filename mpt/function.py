@@ -32,8 +32,8 @@ import itertools
 import numpy as np
 
 from mpt.formats import get_format
-from mpt.memory import record_saved
-from mpt.tensor import Tensor, _MODE, opmath, register_op, round_to
+from mpt.autograd.hooks import notify_saved
+from mpt.tensor import Tensor, is_grad_enabled, opmath, register_op, round_to
 
 __all__ = ["Function", "Context", "Cast", "to"]
 
@@ -109,7 +109,7 @@ class Function:
     def apply(cls, *args, **kwargs) -> Tensor:
         """Run ``forward`` on the arrays of ``args`` and return its result as a Tensor, recording
         the graph when grad mode is on and an argument requires grad."""
-        record = _MODE.grad_enabled and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        record = is_grad_enabled() and any(isinstance(a, Tensor) and a.requires_grad for a in args)
         ctx = Context(cls, tuple(isinstance(a, Tensor) and a.requires_grad and record
                                  for a in args))
         out = cls.forward(ctx, *[a._data if isinstance(a, Tensor) else a for a in args], **kwargs)
@@ -121,7 +121,7 @@ class Function:
             ctx.inputs = tuple(a if needs else None for a, needs in zip(args, ctx.needs_input_grad))
             ctx._versions = _saved_versions(ctx._saved, args, out, result)
             result._node = ctx
-            record_saved(ctx._saved)  # the memory ledger's count of activations (mpt.memory)
+            notify_saved(ctx._saved)  # autograd hooks (the memory ledger counts activations)
         return result
 
 

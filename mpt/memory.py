@@ -32,11 +32,11 @@ innermost wins)::
 """
 from __future__ import annotations
 
-import threading
 import weakref
 
 import numpy as np
 
+from mpt.autograd.hooks import add_observer, observers, remove_observer
 from mpt.formats import get_format
 
 __all__ = ["ROLES", "MemoryLedger", "active_ledger", "record_saved", "record_grad"]
@@ -44,16 +44,10 @@ __all__ = ["ROLES", "MemoryLedger", "active_ledger", "record_saved", "record_gra
 ROLES = ("weights", "grads", "optimizer", "activations")
 
 
-class _Active(threading.local):
-    stack: tuple = ()
-
-
-_ACTIVE = _Active()
-
-
 def active_ledger():
     """The ledger receiving the autograd hooks in this thread (None outside any ``with``)."""
-    return _ACTIVE.stack[-1] if _ACTIVE.stack else None
+    ledgers = [x for x in observers() if isinstance(x, MemoryLedger)]
+    return ledgers[-1] if ledgers else None
 
 
 def _root(array: np.ndarray) -> np.ndarray:
@@ -165,28 +159,37 @@ class MemoryLedger:
 
     # ---- the active ledger -----------------------------------------------------------------------
     def __enter__(self) -> "MemoryLedger":
-        _ACTIVE.stack = _ACTIVE.stack + (self,)
+        add_observer(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        _ACTIVE.stack = tuple(x for x in _ACTIVE.stack if x is not self)
+        remove_observer(self)
 
+    # ---- the autograd hooks (mpt.autograd.hooks): only the innermost ledger counts --------------
+    def saved(self, items) -> None:
+        """Count what a recorded op saved for backward — ndarrays and objects with a ``.format``
+        and ``.data`` (Tensors, FP8 tensors with their scale) — as activations. A buffer already
+        counted (a weight saved by its op) is not counted twice."""
+        if active_ledger() is self:
+            for item in items:
+                if isinstance(item, np.ndarray) or hasattr(item, "format"):
+                    self.track(item, "activations")
 
-# ---- hooks called by mpt.function and mpt.tensor -------------------------------------------------
+    def grad(self, array) -> None:
+        """Count a gradient array the engine stored into a tensor's ``.grad``."""
+        if active_ledger() is self:
+            self.track(array, "grads")
+
 
 def record_saved(items) -> None:
-    """``Function.apply`` hook: count what a recorded op saved for backward — ndarrays and
-    objects with a ``.format`` and ``.data`` (Tensors, FP8 tensors with their scale). A buffer
-    already counted (a weight saved by its op) is not counted twice."""
+    """Tell the active ledger (if any) what an op saved for backward (:meth:`MemoryLedger.saved`)."""
     ledger = active_ledger()
     if ledger is not None:
-        for item in items:
-            if isinstance(item, np.ndarray) or hasattr(item, "format"):
-                ledger.track(item, "activations")
+        ledger.saved(items)
 
 
 def record_grad(array: np.ndarray) -> None:
-    """Autograd-engine hook: count a gradient array stored into a tensor's ``.grad``."""
+    """Tell the active ledger (if any) about a gradient array (:meth:`MemoryLedger.grad`)."""
     ledger = active_ledger()
     if ledger is not None:
-        ledger.track(array, "grads")
+        ledger.grad(array)

@@ -30,16 +30,15 @@ norms 1 and 0); :class:`GPT` uses GPT-2's.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import math
-import threading
 from collections import OrderedDict
 
 import numpy as np
 
 import mpt.functional as F
+from mpt.autograd.context import State
 from mpt.checkpoint import checkpoint_sequential
 from mpt.formats import Format, get_format
 from mpt.kernels.random import random_words
@@ -168,11 +167,9 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
-class _PolicyStack(threading.local):
-    stack = ()   # policies of the modules whose forward is running, innermost last
-
-
-_POLICIES = _PolicyStack()
+#: The policies of the modules whose forward is running, innermost last (a context state: a
+#: checkpointed segment recomputed in the backward pass sees the policies of its forward).
+POLICIES = State("module_policies", ())
 
 
 class Module:
@@ -223,9 +220,10 @@ class Module:
         """``param`` as a forward uses it: cast (RNE, differentiable) to the compute format of the
         innermost running module with a policy, else ``param`` itself. Layers read their
         parameters through this."""
-        if param is None or not _POLICIES.stack:
+        policies = POLICIES.get()
+        if param is None or not policies:
             return param
-        return _POLICIES.stack[-1].cast_to_compute(param)
+        return policies[-1].cast_to_compute(param)
 
     def set_policy(self, policy) -> "Module":
         """Run this module under ``policy`` (an :class:`mpt.Policy` or a jmp string; None removes).
@@ -360,14 +358,8 @@ class Module:
         return f"{type(self).__name__}(\n  " + "\n  ".join(lines) + "\n)"
 
 
-@contextlib.contextmanager
 def _policy_scope(policy: Policy):
-    previous = _POLICIES.stack
-    _POLICIES.stack = previous + (policy,)
-    try:
-        yield
-    finally:
-        _POLICIES.stack = previous
+    return POLICIES.scoped(POLICIES.get() + (policy,))
 
 
 def _own_tree_parameters(module: Module):

@@ -29,13 +29,13 @@ return plain numpy ``bool`` arrays and carry no gradient.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 
 import numpy as np
 
 from mpt.formats import Format, get_format
-from mpt.memory import record_grad
+from mpt.autograd.context import State
+from mpt.autograd.hooks import notify_grad
 from mpt.rounding import round as _round
 
 __all__ = [
@@ -45,26 +45,19 @@ __all__ = [
 
 
 # ---- grad mode ---------------------------------------------------------------------------------
-class _Mode(threading.local):
-    grad_enabled = True
-
-
-_MODE = _Mode()
+GRAD_ENABLED = State("grad_enabled", True)
 
 
 def is_grad_enabled() -> bool:
     """Whether ops record the graph (``False`` inside :func:`no_grad`)."""
-    return _MODE.grad_enabled
+    return GRAD_ENABLED.get()
 
 
 @contextlib.contextmanager
 def set_grad_enabled(mode: bool):
     """Context manager setting grad mode to ``mode`` (thread-local), restored on exit."""
-    previous, _MODE.grad_enabled = _MODE.grad_enabled, bool(mode)
-    try:
+    with GRAD_ENABLED.scoped(bool(mode)):
         yield
-    finally:
-        _MODE.grad_enabled = previous
 
 
 def no_grad():
@@ -472,4 +465,4 @@ def _add_to_grad(t: Tensor, g: np.ndarray) -> None:
         t._grad = Tensor(g.copy(), t.format)
     else:
         t._grad = Tensor(_accumulate(t._grad._data, g, t.format), t.format)
-    record_grad(t._grad._data)  # the memory ledger's count of gradients (mpt.memory)
+    notify_grad(t._grad._data)  # autograd hooks (the memory ledger counts gradients)

@@ -8,11 +8,11 @@ the output is rounded once (RNE) to the format of the (autocast-cast) input. Ora
 """
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from mpt.autocast import autocast_op
+from mpt.autograd.context import State
 from mpt.formats import get_format
 from mpt.function import Function
 from mpt.functional._common import (as_index_array, check_tensor, common_format, normalize_dim,
@@ -233,37 +233,34 @@ def embedding(input, weight, padding_idx=None):
 # ---- dropout -------------------------------------------------------------------------------------
 
 
-class _Rng(threading.local):  # thread-local: each thread draws its own (seed, counter)
-    seed = 0
-    counter = 0
-
-
-_RNG = _Rng()
+#: The dropout generator: (seed, counter), thread-local; each dropout call takes Philox stream
+#: ``counter`` under ``seed`` (a context state, replayed by checkpoint recomputation).
+RNG = State("dropout_rng", (0, 0))
 
 
 def manual_seed(seed: int) -> None:
     """Seed the dropout generator (Philox key) and restart its per-call counter at 0."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an int in [0, 2**64); got {seed!r}")
-    _RNG.seed, _RNG.counter = int(seed), 0
+    RNG.set((int(seed), 0))
 
 
 def get_rng_state() -> tuple:
     """``(seed, counter)``: the next dropout call uses Philox stream ``counter`` under ``seed``."""
-    return (_RNG.seed, _RNG.counter)
+    return RNG.get()
 
 
 def set_rng_state(state: tuple) -> None:
     """Restore a state from :func:`get_rng_state` (e.g. to recompute a checkpointed forward)."""
     seed, counter = state
     manual_seed(seed)
-    _RNG.counter = int(counter)
+    RNG.set((int(seed), int(counter)))
 
 
 def _next_stream() -> tuple:
-    key = (_RNG.seed, _RNG.counter)
-    _RNG.counter += 1
-    return key
+    seed, counter = RNG.get()
+    RNG.set((seed, counter + 1))
+    return seed, counter
 
 
 def dropout_mask(shape: tuple, p: float, seed: int, stream: int) -> np.ndarray:
