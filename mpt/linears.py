@@ -2,7 +2,9 @@
 TF32 (PyTorch's ``allow_tf32``) and FP8 with delayed scaling (Transformer Engine's ``te.Linear``).
 
 Both keep ``nn.Linear``'s parameters (``weight`` (out, in), ``bias`` (out,)) and are swapped into a
-model with :func:`replace_linears` (the parameters are shared, not copied).
+model with :func:`replace_linears` (the parameters are shared, not copied). Both are GEMM plans
+(:class:`mpt.functional.GemmPlan`, :func:`tf32_plan`, :func:`fp8_plan`) run by the one linear
+``Function`` of ``mpt.functional``: they differ from ``nn.Linear`` only in the plan.
 
 **Tf32Linear** — ``y = x·Wᵀ + b`` on fp32 tensors, every GEMM (forward, dgrad ``G·W``, wgrad
 ``Gᵀ·X``) through ``mpt.gemm(..., in_format="tf32")`` on the model's TF32 Tensor Core config (the
@@ -42,51 +44,36 @@ from __future__ import annotations
 import numpy as np
 
 from mpt.autocast import autocast_state
-from mpt.formats import get_format
 from mpt.fp8 import DelayedScaling
-from mpt.function import Function
-from mpt.kernels.ops import sum_anb
-from mpt.engines import gemm
+from mpt.functional.gemm_plan import GemmPlan, GemmSpec, Quantization
+from mpt.functional.linalg import Linear as _Linear
 from mpt.nn import Linear, Module
-from mpt.tensor import opmath, round_to
+from mpt.tensor import opmath
 
-__all__ = ["Tf32Linear", "Fp8Linear", "replace_linears"]
+__all__ = ["Tf32Linear", "Fp8Linear", "replace_linears", "tf32_plan", "fp8_plan"]
 
 _CASTABLE = ("fp32", "fp16", "bf16")
 _ROLES = ("input", "weight", "grad_output")
 
 
-def _column_sum(g2: np.ndarray) -> np.ndarray:
-    """Σ over rows of a (M, N) array, sequential in FP32 (the bias gradient)."""
-    return sum_anb(np.ascontiguousarray(opmath(g2))[None])[0]                 # (N,)
+def tf32_plan(model: str = "hopper") -> GemmPlan:
+    """Every GEMM on ``model``'s TF32 Tensor Cores, reading the fp32 operands (the hardware drops
+    their low 13 bits), FP32 accumulation and output."""
+    tf32, spec = Quantization("tf32"), GemmSpec(model)
+    return GemmPlan(f"tf32 ({model})", tf32, tf32, tf32, spec, spec, spec)
 
 
-def _bias_epilogue(acc: np.ndarray, b) -> np.ndarray:
-    if b is None:
-        return acc
-    with np.errstate(over="ignore", invalid="ignore"):
-        return acc + opmath(b)                                                 # FP32 add
-
-
-class _Tf32Linear(Function):
-    @staticmethod
-    def forward(ctx, x, w, b, model):
-        x2 = x.reshape(-1, x.shape[-1])                                        # (M, in)
-        acc = gemm(x2, w.T, model=model, in_format="tf32")                     # (M, out)
-        ctx.model, ctx.x_shape = model, x.shape
-        ctx.save_for_backward(x, w)
-        return _bias_epilogue(acc, b).reshape(x.shape[:-1] + (w.shape[0],))
-
-    @staticmethod
-    def backward(ctx, g):
-        x, w = ctx.saved
-        g2 = g.reshape(-1, g.shape[-1])                                        # (M, out)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = gemm(g2, w, model=ctx.model, in_format="tf32").reshape(ctx.x_shape) if need_x \
-            else None                                                          # (M, in)
-        dw = gemm(g2.T, x.reshape(-1, x.shape[-1]), model=ctx.model, in_format="tf32") \
-            if need_w else None                                                # (out, in)
-        return dx, dw, _column_sum(g2) if need_b else None, None
+def fp8_plan(scaling: DelayedScaling = DelayedScaling(), model: str = "hopper",
+             promote_every: int = 128, split_accumulator=(False, True, True)) -> GemmPlan:
+    """Transformer Engine's FP8 Linear with delayed scaling (module docstring): the forward
+    format for input and weight, the backward one for the output gradient, each with its
+    per-tensor delayed-scaling state; the GEMMs on ``model`` with promotion every
+    ``promote_every`` products where ``split_accumulator`` (fprop, dgrad, wgrad) says so."""
+    fwd, bwd = (scaling.format_for(r).name for r in ("forward", "backward"))
+    specs = [GemmSpec(model, promote_every=promote_every if split else None)
+             for split in split_accumulator]
+    return GemmPlan(f"fp8 {fwd}/{bwd} ({model})", Quantization(fwd, "delayed"),
+                    Quantization(fwd, "delayed"), Quantization(bwd, "delayed"), *specs)
 
 
 def _shares(module: Module, linear: Linear) -> None:
@@ -103,19 +90,20 @@ def _check_fp32_input(x, what):
 
 
 class Tf32Linear(Module):
-    """``nn.Linear`` with TF32 Tensor Core GEMMs on fp32 tensors (module docstring); ``model``:
+    """``nn.Linear`` with TF32 Tensor Core GEMMs on fp32 tensors (:func:`tf32_plan`); ``model``:
     an MMA preset with a TF32 config (Ampere, Ada, Hopper, Blackwell)."""
 
     def __init__(self, linear: Linear, model: str = "hopper"):
         super().__init__()
         _shares(self, linear)
         self.model = model
+        self.plan = tf32_plan(model)
         if self.weight.format.name != "fp32":
             raise TypeError(f"Tf32Linear needs fp32 parameters; got {self.weight.format.name}")
 
     def forward(self, x):
         _check_fp32_input(x, "Tf32Linear")
-        return _Tf32Linear.apply(x, self.weight, self.bias, self.model)
+        return _Linear.apply(x, self.weight, self.bias, x.format, self.plan)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, tf32 " \
@@ -123,37 +111,14 @@ class Tf32Linear(Module):
 
 
 # ---- FP8 -----------------------------------------------------------------------------------------
-def _fp8_gemm(a, a_scale_inv, b, b_scale_inv, model, promote_every):
-    """``(a·b)`` of FP8 codes with per-tensor dequantisation scales, FP32 result."""
-    return gemm(a, b, model=model, promote_every=promote_every, scale_a=a_scale_inv,
-                scale_b=b_scale_inv)
+class _CountingState:
+    """A role's delayed-scaling state, counting flushed and saturated values as it quantizes."""
 
+    def __init__(self, layer: "Fp8Linear", role: str):
+        self.layer, self.role = layer, role
 
-class _Fp8Linear(Function):
-    @staticmethod
-    def forward(ctx, x, w, b, layer):
-        x2 = x.reshape(-1, x.shape[-1])                                        # (M, in)
-        qx = layer._quantize("input", x2)                                      # (M, in) E4M3
-        qw = layer._quantize("weight", w)                                      # (out, in) E4M3
-        acc = _fp8_gemm(qx.data, qx.scale_inv, qw.data.T, qw.scale_inv, layer.model,
-                        layer._promote(0))                                     # (M, out)
-        fmt = get_format(x.dtype)
-        ctx.out_format, ctx.layer, ctx.x_shape = fmt, layer, x.shape
-        ctx.save_for_backward(qx, qw)
-        return round_to(_bias_epilogue(acc, b), fmt).reshape(x.shape[:-1] + (w.shape[0],))
-
-    @staticmethod
-    def backward(ctx, g):
-        qx, qw = ctx.saved
-        layer = ctx.layer
-        g2 = g.reshape(-1, g.shape[-1])                                        # (M, out)
-        qg = layer._quantize("grad_output", g2)                                # (M, out) E5M2
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = _fp8_gemm(qg.data, qg.scale_inv, qw.data, qw.scale_inv, layer.model,
-                       layer._promote(1)).reshape(ctx.x_shape) if need_x else None   # (M, in)
-        dw = _fp8_gemm(qg.data.T, qg.scale_inv, qx.data, qx.scale_inv, layer.model,
-                       layer._promote(2)) if need_w else None                  # (out, in)
-        return dx, dw, _column_sum(g2) if need_b else None, None
+    def quantize(self, values):
+        return self.layer._quantize(self.role, values)
 
 
 class Fp8Linear(Module):
@@ -176,8 +141,10 @@ class Fp8Linear(Module):
         self.scaling, self.model = scaling, model
         self.promote_every = promote_every
         self.split_accumulator = tuple(bool(s) for s in split_accumulator)
+        self.plan = fp8_plan(scaling, model, promote_every, self.split_accumulator)
         self.fp8_states = {"input": scaling.state("forward"), "weight": scaling.state("forward"),
                            "grad_output": scaling.state("backward")}
+        self._counting = {role: _CountingState(self, role) for role in _ROLES}
         self.reset_counts()
 
     def forward(self, x):
@@ -185,10 +152,7 @@ class Fp8Linear(Module):
         act = state.dtype if state.enabled else x.format
         if x.format != act and x.format.name in _CASTABLE:
             x = x.to(act)                                    # TE's cast_if_needed
-        return _Fp8Linear.apply(x, self.weight, self.bias, self)
-
-    def _promote(self, gemm_index):
-        return self.promote_every if self.split_accumulator[gemm_index] else None
+        return _Linear.apply(x, self.weight, self.bias, x.format, self.plan, self._counting)
 
     def _quantize(self, role, values):
         """Quantize with ``role``'s delayed-scaling state and count flushed/saturated values."""

@@ -9,12 +9,17 @@ Precision contract:
   region's dtype.
 * fp32 operands on a Tensor Core model (anything but ``ieee_fma``, ``ieee_mul_add``, ``exact``)
   run ``ieee_fma`` instead — FP32 GEMMs run on CUDA cores, as PyTorch's default
-  ``allow_tf32=False``; cast to ``"tf32"`` to use TF32 Tensor Cores.
+  ``allow_tf32=False``; cast to ``"tf32"`` (or use a TF32 :class:`~mpt.functional.GemmPlan`) to
+  use TF32 Tensor Cores.
 * fp64 operands (gradient checks) use ``mpt.kernels.ops.matmul_f64``: sequential float64 FMA in
   increasing k.
-* ``linear``'s bias is added to the FP32 GEMM result in FP32 and the sum is rounded once to the
-  output format (cuBLASLt's bias epilogue), not fed to the GEMM as its C operand. The bias
-  gradient is the sequential FP32 column sum of the output gradient.
+* ``linear`` runs a :class:`~mpt.functional.gemm_plan.GemmPlan` (default: the operands as stored,
+  the active model): each role's operands are quantized as the plan says, once per tensor (once
+  per axis for block rules), the GEMMs take the plan's models and software settings and the
+  operands' dequantisation scales. The bias is added to the FP32 GEMM result in FP32 and the sum
+  is rounded once to the output format, the input's (cuBLASLt's bias epilogue), not fed to the
+  GEMM as its C operand. The bias gradient is the sequential FP32 column sum of the (unquantized)
+  output gradient.
 * Batch dimensions: an N-D ``input`` times a 2-D ``weight`` is one 2-D GEMM over the flattened
   rows (as PyTorch folds it; the wgrad is then one GEMM with K = all rows); otherwise batch
   dimensions broadcast and the gradients of broadcast operands are summed (fixed order, FP32).
@@ -24,15 +29,17 @@ from __future__ import annotations
 import numpy as np
 
 from mpt.autocast import autocast_op, current_model
+from mpt.engines import gemm as _mma_gemm
 from mpt.function import Function
 from mpt.functional._common import check_tensor, common_format, sum_axes, unbroadcast
+from mpt.functional.gemm_plan import GemmPlan, Operand, per_axis, quantize_operand
 from mpt.kernels.ops import matmul_f64
-from mpt.engines import gemm as _mma_gemm
 from mpt.tensor import opmath, round_to
 
 __all__ = ["matmul", "linear", "gemm_model"]
 
 _FP32_MODELS = ("ieee_fma", "ieee_mul_add", "exact")
+_DEFAULT_PLAN = GemmPlan()
 
 
 def gemm_model(fmt, model: str) -> str:
@@ -46,45 +53,88 @@ def gemm(a: np.ndarray, b: np.ndarray, fmt, model: str) -> np.ndarray:
     """``a @ b`` (batch dims broadcast) of two storage arrays of ``fmt``, as a float32 (float64 in
     fp64 mode) array, through ``model`` (the ops pass the model active at their forward: the
     backward GEMMs run on the same model even when ``backward()`` is called outside the region)."""
-    if fmt.name == "fp64":
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        a3 = np.ascontiguousarray(np.broadcast_to(a, batch + (m, k))).reshape(-1, m, k)
-        b3 = np.ascontiguousarray(np.broadcast_to(b, batch + (k, n))).reshape(-1, k, n)
+    return _run(Operand(a, fmt), Operand(b, fmt), model)
+
+
+def _run(a: Operand, b: Operand, model, settings=None) -> np.ndarray:
+    """One GEMM of two operands (module docstring): float32 (float64 for fp64 operands)."""
+    if a.format.name == "fp64":
+        batch = np.broadcast_shapes(a.data.shape[:-2], b.data.shape[:-2])
+        m, k, n = a.data.shape[-2], a.data.shape[-1], b.data.shape[-1]
+        a3 = np.ascontiguousarray(np.broadcast_to(a.data, batch + (m, k))).reshape(-1, m, k)
+        b3 = np.ascontiguousarray(np.broadcast_to(b.data, batch + (k, n))).reshape(-1, k, n)
         return matmul_f64(a3, b3).reshape(batch + (m, n))
-    model = gemm_model(fmt, model)
-    extra = {"in_format": fmt.name} if fmt.name == "tf32" else {}
-    return _mma_gemm(np.ascontiguousarray(a), np.ascontiguousarray(b), model=model, **extra)
+    if a.format.name == "fp32" and b.format.name == "fp32":
+        model = gemm_model(a.format, model)
+    return _mma_gemm(a.data, b.data, model=model, in_format=(a.format.name, b.format.name),
+                     scale_a=a.scale_inv, scale_b=b.scale_inv, **(settings or {}))
 
 
 def _t(x: np.ndarray) -> np.ndarray:
     return np.swapaxes(x, -1, -2)
 
 
+class _Quantizer:
+    """The plan's quantization of one tensor role, computed once per axis (once in all for
+    per-tensor rules) and only when a GEMM needs it."""
+
+    def __init__(self, stored, quantization, state):
+        self.stored, self.q, self.state = stored, quantization, state
+        self.values = opmath(stored)
+        self.done = {}
+
+    def along(self, axis: int) -> Operand:
+        key = axis if per_axis(self.q) else None
+        if key not in self.done:
+            self.done[key] = quantize_operand(self.stored, self.values, self.q, self.state, axis)
+        return self.done[key]
+
+
 class Linear(Function):
+    """``y = x·Wᵀ + b`` with the GEMMs of a plan (module docstring); the quantized operands the
+    backward needs (X along the rows, W along the outputs) are made in the forward, as
+    Transformer Engine does."""
+
     @staticmethod
-    def forward(ctx, x, w, b, fmt):
+    def forward(ctx, x, w, b, fmt, plan=_DEFAULT_PLAN, states=None):
+        states = states or {}
         ctx.model = current_model()
         x2 = x.reshape(-1, x.shape[-1])                                   # (M, in)
-        acc = gemm(x2, _t(w), fmt, ctx.model)                                        # (M, out)
+        qx = _Quantizer(x2, plan.input, states.get("input"))
+        qw = _Quantizer(w, plan.weight, states.get("weight"))
+        acc = _run(qx.along(1), qw.along(1).T, plan.fprop.model or ctx.model,
+                   plan.fprop.gemm_kwargs())                              # (M, out)
         if b is not None:
             with np.errstate(over="ignore", invalid="ignore"):
                 acc = acc + opmath(b)                                     # epilogue, FP32
-        ctx.out_format, ctx.x_shape = fmt, x.shape
-        ctx.save_for_backward(x, w)
+        ctx.out_format, ctx.x_shape, ctx.plan, ctx.states = fmt, x.shape, plan, states
+        if plan.input.scaling == "none" and plan.weight.scaling == "none":
+            ctx.save_for_backward(x, w)                  # the stored tensors (version-checked)
+        else:
+            ctx.save_for_backward(qx.along(0), qw.along(0))
         return round_to(acc, fmt).reshape(x.shape[:-1] + (w.shape[0],))
 
     @staticmethod
     def backward(ctx, g):
-        x, w = ctx.saved
-        fmt = ctx.out_format
+        plan = ctx.plan
+        saved = ctx.saved
+        if plan.input.scaling == "none" and plan.weight.scaling == "none":
+            x, w = saved
+            ox = _Quantizer(x.reshape(-1, x.shape[-1]), plan.input, None).along(0)
+            ow = _Quantizer(w, plan.weight, None).along(0)
+        else:
+            ox, ow = saved
         g2 = g.reshape(-1, g.shape[-1])                                   # (M, out)
+        qg = _Quantizer(g2, plan.grad_output, ctx.states.get("grad_output"))
+        if "grad_output" in plan.stateful_roles():
+            qg.along(1)               # a stateful rule sees every gradient (it records amax)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        dx = gemm(g2, w, fmt, ctx.model).reshape(ctx.x_shape) if need_x else None   # (M, in)
-        x2 = x.reshape(-1, x.shape[-1])                                   # (M, in)
-        dw = gemm(_t(g2), x2, fmt, ctx.model) if need_w else None        # (out, in)
-        db = sum_axes(opmath(g2), (0,)) if need_b else None              # (out,)
-        return dx, dw, db, None
+        dx = _run(qg.along(1), ow, plan.dgrad.model or ctx.model,
+                  plan.dgrad.gemm_kwargs()).reshape(ctx.x_shape) if need_x else None  # (M, in)
+        dw = _run(qg.along(0).T, ox, plan.wgrad.model or ctx.model,
+                  plan.wgrad.gemm_kwargs()) if need_w else None           # (out, in)
+        db = sum_axes(qg.values, (0,)) if need_b else None               # (out,)
+        return (dx, dw, db) + (None,) * (len(ctx.needs_input_grad) - 3)
 
 
 class Matmul(Function):
@@ -105,10 +155,12 @@ class Matmul(Function):
 
 
 @autocast_op("lower")
-def linear(input, weight, bias=None):
+def linear(input, weight, bias=None, *, plan: GemmPlan | None = None, states=None):
     """``input · weightᵀ + bias``: input (..., in), weight (out, in), bias (out,) or None; one
-    format. Forward/dgrad/wgrad GEMMs with the active model, bias added in FP32 to the FP32 GEMM
-    result, one rounding to the format (module docstring). Autocast: lower precision."""
+    format. Forward/dgrad/wgrad GEMMs as ``plan`` says (default: the operands as stored, the
+    active model), bias added in FP32 to the FP32 GEMM result, one rounding to the format (module
+    docstring). ``states``: {role: state} for the plan's stateful scaling rules (delayed
+    scaling), owned by the layer. Autocast: lower precision."""
     check_tensor(input, "input", "linear")
     check_tensor(weight, "weight", "linear")
     if bias is not None:
@@ -119,7 +171,13 @@ def linear(input, weight, bias=None):
                          "(need input (..., in) and weight (out, in))")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"linear: bias must have shape ({weight.shape[0]},); got {bias.shape}")
-    return Linear.apply(input, weight, bias, fmt)
+    plan = _DEFAULT_PLAN if plan is None else plan
+    if not isinstance(plan, GemmPlan):
+        raise TypeError(f"linear: plan must be a GemmPlan or None; got {type(plan).__name__}")
+    missing = [r for r in plan.stateful_roles() if r not in (states or {})]
+    if missing:
+        raise ValueError(f"linear: plan {plan.name!r} needs states for {', '.join(missing)}")
+    return Linear.apply(input, weight, bias, fmt, plan, states)
 
 
 @autocast_op("lower")
