@@ -39,7 +39,7 @@ from mpt.tensor import opmath
 
 __all__ = [
     "DelayedScaling", "DelayedScalingState", "Fp8Array", "quantize", "current_scale",
-    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS",
+    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS", "FP8_FLAVOURS",
 ]
 
 _F32 = np.float32
@@ -47,6 +47,9 @@ _FLT_MAX = _F32(float.fromhex("0x1.fffffep+127"))
 #: TE's fp8_format names → (forward format, backward format).
 FP8_FORMATS = {"HYBRID": ("fp8_e4m3fn", "fp8_e5m2"), "E4M3": ("fp8_e4m3fn", "fp8_e4m3fn"),
                "E5M2": ("fp8_e5m2", "fp8_e5m2")}
+#: Hardware flavours of the FP8 formats: OCP (NVIDIA, CDNA4) or FNUZ (AMD MI300: bias 8/16, one
+#: NaN code 0x80, no Inf, no −0; composable_kernel's float8.hpp).
+FP8_FLAVOURS = {"ocp": {}, "fnuz": {"fp8_e4m3fn": "fp8_e4m3fnuz", "fp8_e5m2": "fp8_e5m2fnuz"}}
 _MX_BLOCK = 32
 _E8M0 = get_format("e8m0")
 
@@ -97,14 +100,18 @@ def _scale_from_amax(amax, fmt_max, margin) -> np.float32:
 
 @dataclass(frozen=True)
 class DelayedScaling:
-    """Transformer Engine's delayed-scaling recipe (defaults as TE's)."""
+    """Transformer Engine's delayed-scaling recipe (defaults as TE's). ``flavour`` picks the
+    hardware's FP8 encodings (:data:`FP8_FLAVOURS`): ``"fnuz"`` on AMD MI300."""
 
     margin: int = 0
     fp8_format: str = "HYBRID"
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
+    flavour: str = "ocp"
 
     def __post_init__(self):
+        if self.flavour not in FP8_FLAVOURS:
+            raise ValueError(f"flavour must be one of {sorted(FP8_FLAVOURS)}; got {self.flavour!r}")
         if self.fp8_format not in FP8_FORMATS:
             raise ValueError(f"fp8_format must be one of {sorted(FP8_FORMATS)}; "
                              f"got {self.fp8_format!r}")
@@ -121,7 +128,8 @@ class DelayedScaling:
         """The FP8 format of a role: ``"forward"`` (activations, weights) or ``"backward"``."""
         if role not in ("forward", "backward"):
             raise ValueError(f"role must be 'forward' or 'backward'; got {role!r}")
-        return get_format(FP8_FORMATS[self.fp8_format][role == "backward"])
+        name = FP8_FORMATS[self.fp8_format][role == "backward"]
+        return get_format(FP8_FLAVOURS[self.flavour].get(name, name))
 
     def state(self, role: str = "forward") -> "DelayedScalingState":
         """A fresh per-tensor state for a tensor of ``role``."""

@@ -15,8 +15,11 @@ A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
 ``output_format``  the logits are cast to it before the loss (Apex O2 casts model outputs to fp32;
                    Megatron computes the cross-entropy in fp32)
 ``state_format``   optimizer states (AdamW's m and v): always fp32
-``matmul_model``   the MMA model of every GEMM (``mpt.mma``): ``"ieee_fma"`` (FP32 CUDA cores /
-                   CPU) or a Tensor Core preset (``"hopper"``)
+``target``         the hardware (``mpt.targets``, default ``"h100"``): it decides the MMA model of
+                   the GEMMs and the FP8 formats' flavour
+``matmul_model``   the MMA model of every GEMM (``mpt.mma``); None (the default): the target's
+                   model for the compute format (``"hopper"`` for bf16 on h100; FP32 GEMMs run
+                   ``"ieee_fma"``, CUDA cores). Set it to override the target
 ``loss_scaling``   :class:`LossScaling`: none, static or dynamic (``mpt.amp.GradScaler`` kwargs)
 ``fp8``            :class:`Fp8Config` or None: Transformer Engine FP8 Linear layers
 ``rounding``       the copy-down (FP32 working copy → ``param_format``): ``"nearest_even"`` or
@@ -24,13 +27,14 @@ A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
 =================  ==============================================================================
 
 The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
-(``../shared/specs/amp.md``): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
+(docs/amp.md): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
 autocast per op; fp16 with PyTorch's dynamic GradScaler); ``fp16-o2`` / ``bf16-o2`` (the Apex O2
 layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling); ``bf16-pure``
 and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or
 stochastically); ``fp16-noscale`` (fp16-o2 without loss scaling: what fails); ``fp8-hybrid``
-(Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients, delayed scaling, Hopper FP8
-GEMMs with promotion, the rest under bf16 autocast).
+(Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients, delayed scaling, the target's
+FP8 GEMMs with promotion, the rest under bf16 autocast). :meth:`Recipe.for_target` (or
+``get_recipe(name, target=...)``) runs a recipe on another chip's model.
 
 This module imports ``mpt.fp8`` (a sibling at L4) for the one thing it needs from it: the FP8
 configuration *is* a Transformer Engine ``DelayedScaling`` recipe.
@@ -40,9 +44,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from mpt.engines import get_mma_model
 from mpt.formats import get_format, rounding_mode
 from mpt.fp8 import DelayedScaling
-from mpt.engines import get_mma_model
+from mpt.targets import get_target
 
 __all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]
 
@@ -84,8 +89,8 @@ class LossScaling:
 class Fp8Config:
     """FP8 Linear layers as Transformer Engine runs them (``mpt.linears.Fp8Linear``).
 
-    ``scaling``: TE's ``DelayedScaling`` (margin, fp8_format, amax history); ``model``: the MMA
-    preset of the FP8 GEMMs; ``promote_every``: products per promotion of the partial sum into an
+    ``scaling``: TE's ``DelayedScaling`` (margin, fp8_format, amax history, flavour); ``model``:
+    the MMA model of the FP8 GEMMs (None: the recipe's target's); ``promote_every``: products per promotion of the partial sum into an
     FP32 register (DeepSeek-V3's 128) for the GEMMs that use TE's split accumulator;
     ``split_accumulator``: (fprop, dgrad, wgrad) — TE's defaults ``_2X_ACC_FPROP = False``,
     ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (the forward GEMM uses cuBLASLt's fast
@@ -93,7 +98,7 @@ class Fp8Config:
     """
 
     scaling: DelayedScaling = field(default_factory=DelayedScaling)
-    model: str = "hopper"
+    model: str | None = None
     promote_every: int = 128
     split_accumulator: tuple[bool, bool, bool] = (False, True, True)
 
@@ -101,7 +106,8 @@ class Fp8Config:
         if not isinstance(self.scaling, DelayedScaling):
             raise TypeError(f"scaling must be an mpt.fp8.DelayedScaling; got "
                             f"{type(self.scaling).__name__}")
-        get_mma_model(self.model)
+        if self.model is not None:
+            get_mma_model(self.model)
         if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) \
                 or self.promote_every < 1:
             raise ValueError(f"promote_every must be a positive int; got {self.promote_every!r}")
@@ -130,10 +136,11 @@ class Recipe:
     autocast: bool = False
     output_format: str = "fp32"
     state_format: str = "fp32"
-    matmul_model: str = "ieee_fma"
+    matmul_model: str | None = None
     loss_scaling: LossScaling = field(default_factory=LossScaling)
     fp8: Fp8Config | None = None
     rounding: str = "nearest_even"
+    target: str = "h100"
 
     def __post_init__(self):
         for role in ("param_format", "compute_format", "output_format", "state_format"):
@@ -151,7 +158,7 @@ class Recipe:
             raise ValueError(f"state_format must be 'fp32' (mpt.optim keeps FP32 states); got "
                              f"{self.state_format!r}")
         self._check_compute()
-        get_mma_model(self.matmul_model)
+        self._resolve_target()
         object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
         if self.rounding not in ("nearest_even", "stochastic"):
             raise ValueError(f"rounding must be 'nearest_even' or 'stochastic'; got "
@@ -160,6 +167,30 @@ class Recipe:
             raise TypeError("loss_scaling must be a LossScaling")
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
             raise TypeError("fp8 must be an Fp8Config or None")
+
+    def _resolve_target(self):
+        """Fill the GEMM models and FP8 flavour the target decides (module docstring)."""
+        target = get_target(self.target)
+        object.__setattr__(self, "target", target.name)
+        if self.matmul_model is None:
+            gemm_format = "fp32" if self.compute_format == "fp32" else self.compute_format
+            object.__setattr__(self, "matmul_model", target.mma_model(gemm_format))
+        get_mma_model(self.matmul_model)
+        if self.fp8 is not None and self.fp8.model is None:
+            if target.fp8 is None:
+                raise ValueError(f"recipe {self.name!r} uses FP8 GEMMs, which target "
+                                 f"{target.name!r} does not have")
+            flavour = "fnuz" if target.fp8[0].endswith("fnuz") else "ocp"
+            fp8 = dataclasses.replace(self.fp8, model=target.mma_model(target.fp8[0]),
+                                      scaling=dataclasses.replace(self.fp8.scaling,
+                                                                  flavour=flavour))
+            object.__setattr__(self, "fp8", fp8)
+
+    def for_target(self, target) -> "Recipe":
+        """This recipe on another target: the GEMM models and FP8 formats that target's
+        (an explicit ``matmul_model`` or FP8 model is replaced by the target's too)."""
+        fp8 = None if self.fp8 is None else dataclasses.replace(self.fp8, model=None)
+        return self.replace(target=get_target(target).name, matmul_model=None, fp8=fp8)
 
     def _check_compute(self):
         c, p = self.compute_format, self.param_format
@@ -203,32 +234,31 @@ _DYNAMIC = LossScaling("dynamic")
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp32", "FP32 everything; GEMMs as sequential FP32 FMA (CUDA cores / CPU)"),
-    Recipe("tf32", "FP32 tensors; the Linear layers' GEMMs on Hopper TF32 Tensor Cores "
+    Recipe("tf32", "FP32 tensors; the Linear layers' GEMMs on the target's TF32 Tensor Cores "
            "(allow_tf32=True); attention and the tied LM head stay FP32",
-           compute_format="tf32", matmul_model="hopper"),
+           compute_format="tf32"),
     Recipe("fp16-amp", "FP32 weights, autocast fp16 per op (Apex O1 / torch.autocast), dynamic "
-           "loss scaling", compute_format="fp16", autocast=True, matmul_model="hopper",
+           "loss scaling", compute_format="fp16", autocast=True,
            loss_scaling=_DYNAMIC),
     Recipe("fp16-o2", "fp16 model copy + FP32 master weights (Apex O2), dynamic loss scaling",
            param_format="fp16", master_format="fp32", compute_format="fp16",
-           matmul_model="hopper", loss_scaling=_DYNAMIC),
+           loss_scaling=_DYNAMIC),
     Recipe("bf16-amp", "FP32 weights, autocast bf16 per op; no loss scaling",
-           compute_format="bf16", autocast=True, matmul_model="hopper"),
+           compute_format="bf16", autocast=True),
     Recipe("bf16-o2", "bf16 model copy + FP32 master weights; no loss scaling",
-           param_format="bf16", master_format="fp32", compute_format="bf16",
-           matmul_model="hopper"),
+           param_format="bf16", master_format="fp32", compute_format="bf16"),
     Recipe("bf16-pure", "bf16 weights, no master: each update rounded to nearest into bf16",
-           param_format="bf16", compute_format="bf16", matmul_model="hopper"),
+           param_format="bf16", compute_format="bf16"),
     Recipe("bf16-pure-sr", "bf16 weights, no master: each update rounded stochastically into "
-           "bf16", param_format="bf16", compute_format="bf16", matmul_model="hopper",
+           "bf16", param_format="bf16", compute_format="bf16",
            rounding="stochastic"),
     Recipe("fp16-noscale", "fp16 model copy + FP32 master weights without loss scaling: small "
            "gradients flush to zero", param_format="fp16", master_format="fp32",
-           compute_format="fp16", matmul_model="hopper"),
+           compute_format="fp16"),
     Recipe("fp8-hybrid", "Transformer Engine HYBRID: FP8 Linear layers (E4M3 forward, E5M2 "
-           "gradients, delayed scaling, Hopper FP8 GEMMs with promotion every 128), the rest "
+           "gradients, delayed scaling, the target's FP8 GEMMs with promotion every 128), the rest "
            "under bf16 autocast; FP32 weights", compute_format="bf16", autocast=True,
-           matmul_model="hopper", fp8=Fp8Config()),
+           fp8=Fp8Config()),
 )}
 
 
@@ -237,14 +267,15 @@ def recipe_names() -> list[str]:
     return list(RECIPES)
 
 
-def get_recipe(name) -> Recipe:
-    """A built-in recipe by name (a :class:`Recipe` is passed through)."""
+def get_recipe(name, target=None) -> Recipe:
+    """A built-in recipe by name (a :class:`Recipe` is passed through), on ``target`` when
+    given (:meth:`Recipe.for_target`)."""
     if isinstance(name, Recipe):
-        return name
-    if not isinstance(name, str):
+        recipe = name
+    elif not isinstance(name, str):
         raise TypeError(f"recipe must be a name or a Recipe; got {type(name).__name__}")
-    try:
-        return RECIPES[name]
-    except KeyError:
-        raise ValueError(f"unknown recipe {name!r}; valid recipes: "
-                         f"{', '.join(RECIPES)}") from None
+    elif name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; valid recipes: {', '.join(RECIPES)}")
+    else:
+        recipe = RECIPES[name]
+    return recipe if target is None else recipe.for_target(target)

@@ -10,8 +10,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 # nothing of mpt except the format table: they must stay independent of what they check.
 LAYERS = {
     "mpt.formats": 0, "mpt._version": 0,
-    "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.engines": 1,
-    "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2,
+    "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.engines": 1, "mpt.targets": 1,
+    "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2, "mpt.autograd": 2,
     "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,
     "mpt.nn": 4, "mpt.optim": 4, "mpt.amp": 4, "mpt.fp8": 4, "mpt.checkpoint": 4,
     "mpt.quant": 4, "mpt.lora": 4, "mpt.recipes": 4, "mpt.attention": 4, "mpt.linears": 4,
