@@ -174,7 +174,8 @@ def _add_golden(sub) -> None:
 def _cmd_study(args) -> int:
     from mpt import study
 
-    given = {"recipes": args.recipes, "steps": args.steps, "text": args.text, "seed": args.seed}
+    given = {"recipes": args.recipes, "steps": args.steps, "text": args.text, "seed": args.seed,
+             "target": args.target}
     config = study.StudyConfig(quant=not args.no_quant,
                                **{k: v for k, v in given.items() if v is not None})
     result = study.run_study(config, progress=not args.quiet)
@@ -194,6 +195,8 @@ def _add_study(sub) -> None:
                                      "compare (the default workload of the README)")
     p.add_argument("--recipes", nargs="+", metavar="RECIPE",
                    help="recipes to run (default: all; an unknown name lists the valid ones)")
+    p.add_argument("--target", help="the hardware model to train on (default h100; `mpt targets` "
+                                    "lists them)")
     p.add_argument("--steps", type=int, help="optimizer steps per recipe (default 400)")
     p.add_argument("--text", metavar="FILE", help="train on this file's bytes instead of the "
                                                   "synthetic Markov corpus")

@@ -63,6 +63,7 @@ from mpt.kernels.threads import one_thread
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
 from mpt.recipes import get_recipe, recipe_names
+from mpt.targets import get_target
 from mpt.study_quant import QuantStudyConfig, format_quant_sections, quant_markdown, \
     run_quant_study
 from mpt.training import TrainConfig, Trainer
@@ -77,7 +78,8 @@ _FP16 = get_format("fp16")
 class StudyConfig:
     """Everything a study run depends on (see the module docstring for the defaults' reasons)."""
 
-    recipes: tuple[str, ...] = tuple(recipe_names())
+    recipes: tuple[str, ...] | None = None
+    target: str = "h100"
     steps: int = 400
     vocab: int = 32
     sharpness: int = 8
@@ -99,7 +101,13 @@ class StudyConfig:
     quant: bool = True
 
     def __post_init__(self):
-        object.__setattr__(self, "recipes", tuple(get_recipe(r).name for r in self.recipes))
+        target = get_target(self.target)
+        object.__setattr__(self, "target", target.name)
+        if self.recipes is None:   # every built-in recipe the target can run
+            names = [r for r in recipe_names() if target.fp8 or get_recipe(r).fp8 is None]
+        else:
+            names = [get_recipe(r).name for r in self.recipes]
+        object.__setattr__(self, "recipes", tuple(get_recipe(r, target).name for r in names))
         if not self.recipes:
             raise ValueError("recipes must name at least one recipe")
         for name in ("steps", "d_model", "n_layers", "n_heads", "seq_len", "batch",
@@ -235,7 +243,7 @@ class _Progress:
 def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = False) -> RecipeRun:
     """Train the study's GPT under one recipe; returns its :class:`RecipeRun`."""
     corpus = _corpus(config) if corpus is None else corpus
-    recipe = get_recipe(recipe)
+    recipe = get_recipe(recipe, config.target)
     model = GPT(corpus.vocab, config.d_model, config.n_layers, config.n_heads, config.seq_len,
                 seed=config.seed)
     trainer = Trainer(model, recipe, config.train_config())
@@ -304,9 +312,11 @@ def _heading(result: StudyResult) -> list[str]:
     best = (f"best achievable loss (entropy rate of the Markov chain): {h:.4f}; uniform guess: "
             f"{result.corpus['uniform_loss']:.4f}") if h is not None else \
         f"text corpus {result.corpus.get('path')}: best achievable loss unknown"
+    target = get_target(c.target)
     return [f"GPT d_model={c.d_model} layers={c.n_layers} heads={c.n_heads} context={c.seq_len}, "
             f"batch {c.batch}, {c.steps} steps; loss x {_multiplier(c.loss_multiplier)} (the "
-            f"gradient size of a {c.global_batch_tokens}-token batch)", best]
+            f"gradient size of a {c.global_batch_tokens}-token batch)",
+            f"target {target.name}: {target.description} ({target.evidence})", best]
 
 
 def format_table(result: StudyResult) -> str:

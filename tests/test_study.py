@@ -113,10 +113,11 @@ def tiny_result():
 def test_table(tiny_result):
     lines = format_table(tiny_result).splitlines()
     assert lines[0].startswith("GPT d_model=32")
-    assert "entropy rate" in lines[1]
-    header = lines[3].split()
+    assert lines[1] == "target h100: NVIDIA H100 (Hopper, sm_90) (reference model)"
+    assert "entropy rate" in lines[2]
+    header = lines[4].split()
     assert header[:3] == ["recipe", "final", "loss"] and "B/param" in header
-    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    rows = {line.split()[0]: line.split() for line in lines[5:]}
     assert list(rows) == ["fp32", "fp16-o2", "bf16-pure", "fp8-hybrid"]
     assert rows["fp32"][2] == "+0.0000"
     assert rows["fp16-o2"][4] == "65536"                     # the final loss scale
