@@ -7,6 +7,7 @@
     mpt golden generate [--suite S] [--out DIR] [--seed N]
     mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
     mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
+                      [--expect-digest HEX]
     mpt golden run-torch --golden DIR --outputs DIR [--device cpu|cuda]
                                            the same cases through PyTorch (optional dependency)
     mpt study [--recipes R ...] [--steps N] [--text FILE] [--out DIR] [--seed S] [--no-plots]
@@ -128,6 +129,7 @@ def _cmd_golden(args) -> int:
         cases = golden.generate(args.suite, seed=args.seed)
         out = golden.write_suite(cases, args.out, suite=args.suite)
         print(f"wrote {len(cases)} cases of suite {args.suite!r} to {out}")
+        print(f"suite digest: {golden.read_manifest(out)['digest']}")
         return 0
     if args.action == "run":
         out = golden.run_mpt(args.golden, args.outputs)
@@ -144,8 +146,11 @@ def _cmd_golden(args) -> int:
         print(f"wrote PyTorch's outputs for {written} cases to {out} ({skipped} cases it cannot "
               "express skipped: verify with --allow-missing)")
         return 0
-    rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing)
+    rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing,
+                         expect_digest=args.expect_digest)
     print(golden.format_report(rows))
+    print(f"suite digest: {golden.read_manifest(args.golden)['digest']}"
+          + (" (as expected)" if args.expect_digest else ""))
     if args.report:
         golden.write_json_atomic(args.report, rows)
     return 0 if golden.passed(rows) else 1
@@ -168,6 +173,8 @@ def _add_golden(sub) -> None:
     v.add_argument("--report", metavar="FILE", help="also write the table as JSON")
     v.add_argument("--allow-missing", action="store_true",
                    help="cases without an output file are skipped, not failed")
+    v.add_argument("--expect-digest", metavar="HEX",
+                   help="fail unless the suite's digest (printed by verify and generate) is HEX")
     p.set_defaults(func=_cmd_golden)
 
 

@@ -150,6 +150,8 @@ def test_generate_reproduces_the_committed_suite_bit_for_bit(suite):
 
 def test_committed_suite_loads_and_is_small():
     cases = golden.load_suite(COMMITTED)                       # every hash checked on load
+    manifest = golden.read_manifest(COMMITTED)                 # schema 2, its digest matches
+    assert golden.suite_digest(COMMITTED) == manifest["digest"]
     assert {c.kind for c in cases} == set(golden.KINDS)
     size = sum(f.stat().st_size for f in COMMITTED.iterdir())
     assert size < 4 * 2**20

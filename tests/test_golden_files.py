@@ -1,0 +1,478 @@
+"""Golden suites on disk: names never lead outside a folder, the manifest is checked whole (every
+bad field is one GoldenError naming it), the suite digest pins manifest and files, and
+suites are written whole. Each file test checks that nothing outside the folder
+was read or written and that no prior file changed."""
+import builtins
+import hashlib
+import io
+import json
+import os
+import pathlib
+import re
+
+import numpy as np
+import pytest
+
+from mpt import golden
+from mpt.cli import main
+
+X = np.array([0.0, -0.0, 1.0, 1.5, 65520.0, 2.0**-25, np.inf, np.nan, -3.25], np.float32)
+
+
+def _cases():
+    cases = []
+    for fmt in ("fp16", "bf16", "fp8_e4m3fn"):
+        params = {"format": fmt, "mode": "nearest_even", "saturate": False, "subnormals": True}
+        case = golden.Case(f"round-{fmt}", "round", params, {"x": X})
+        case.outputs = golden.KINDS["round"](case.inputs, params)
+        cases.append(case)
+    return cases
+
+
+@pytest.fixture
+def suite(tmp_path):
+    gdir = golden.write_suite(_cases(), tmp_path / "suite", suite="small")
+    out = golden.run_mpt(gdir, tmp_path / "out")
+    victim = tmp_path / "elsewhere" / "victim.npz"
+    victim.parent.mkdir()
+    victim.write_bytes(b"the user's own file")
+    return gdir, out, victim
+
+
+def _state(*roots):
+    """Every file under ``roots`` (links not followed): bytes and mtime."""
+    found = {}
+    for root in roots:
+        for dirpath, dirnames, files in os.walk(root):
+            for name in files + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                data = os.readlink(path) if os.path.islink(path) else pathlib.Path(path).read_bytes()
+                found[path] = (data, st.st_mtime_ns)
+    return found
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """Every path opened through builtins.open or os.open while the test runs."""
+    paths = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)):
+            paths.append(os.path.abspath(file))
+        return real_open(file, *args, **kwargs)
+
+    def spy_os_open(path, *args, **kwargs):
+        paths.append(os.path.abspath(path))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(io, "open", spy_open)               # pathlib's reads
+    monkeypatch.setattr(os, "open", spy_os_open)
+    return paths
+
+
+def _manifest(gdir):
+    return json.loads((gdir / "manifest.json").read_text())
+
+
+def _write_manifest(gdir, manifest, *, redigest=True):
+    if redigest:
+        manifest["digest"] = golden.manifest_digest(manifest)
+    (gdir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(err, match):
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mpt golden: error:"), err
+    assert re.search(match, lines[0]), lines[0]
+
+
+# ---- names and files are plain base names -------------------------------------------------------
+def _outside(victim):
+    """Names that point outside the folder (the victim's stem, so ``<name>.npz`` is the victim)."""
+    stem = str(victim.with_suffix(""))
+    return [stem, "../elsewhere/victim", "sub/victim", "..", ".hidden", "", "a" * 201,
+            "x\x00y", "a..b", "c:\\victim", "-rf"]
+
+
+@pytest.mark.parametrize("which", ["name", "file"])
+@pytest.mark.parametrize("index", range(11))
+def test_names_outside_the_folder_are_refused_before_anything_is_touched(
+        suite, capsys, opened, which, index):
+    gdir, out, victim = suite
+    bad = _outside(victim)[index]
+    manifest = _manifest(gdir)
+    entry = manifest["cases"][1]
+    entry[which] = bad if which == "name" else bad + ".npz"
+    if which == "name" and bad:                      # file follows the name, as an attacker would
+        entry["file"] = bad + ".npz"
+    _write_manifest(gdir, manifest)
+    before = _state(gdir, out, victim.parent)
+    opened.clear()
+    pattern = re.escape(f"cases[1].{which}")
+    with pytest.raises(golden.GoldenError, match=pattern):
+        golden.read_manifest(gdir)
+    with pytest.raises(golden.GoldenError, match=pattern):
+        golden.verify(gdir, out)
+    with pytest.raises(golden.GoldenError, match=pattern):
+        golden.load_suite(gdir)
+    for action in ("run", "verify"):
+        code, _, err = _cli(capsys, "golden", action, "--golden", gdir, "--outputs", out)
+        assert code == 2
+        _one_line_error(err, pattern)
+    code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", gdir.parent / "new")
+    assert code == 2 and not (gdir.parent / "new").exists()
+    # only the manifest was opened: no case file, no output, nothing outside
+    assert set(opened) == {str(gdir / "manifest.json")}
+    assert _state(gdir, out, victim.parent) == before           # nothing written anywhere
+
+
+def test_the_reported_attack_no_longer_writes_outside(suite, capsys):
+    """The issue's repro: one case's name set to an absolute path in a copied suite."""
+    gdir, out, victim = suite
+    manifest = _manifest(gdir)
+    manifest["cases"][0]["name"] = str(victim.with_suffix(""))
+    _write_manifest(gdir, manifest, redigest=False)                # as the issue did it
+    before = _state(victim.parent)
+    code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", out)
+    assert code == 2 and "cases[0].name must be a plain file name" in err
+    assert _state(victim.parent) == before
+
+
+@pytest.mark.parametrize("target", ["case", "manifest", "output"])
+def test_symbolic_links_are_refused_never_followed(suite, tmp_path, opened, target):
+    gdir, out, victim = suite
+    name = "round-bf16.npz"
+    folder = out if target == "output" else gdir
+    file = "manifest.json" if target == "manifest" else name
+    copy = victim.parent / file                     # an identical copy: its hash would pass
+    copy.write_bytes((folder / file).read_bytes())
+    (folder / file).unlink()
+    (folder / file).symlink_to(copy)
+    before = _state(gdir, out, victim.parent)
+    opened.clear()
+    if target == "manifest":
+        with pytest.raises(golden.GoldenError, match="symbolic link"):
+            golden.verify(gdir, out)
+    else:
+        rows = {r["case"]: r for r in golden.verify(gdir, out)}
+        row = rows["round-bf16"]
+        assert row["verdict"] == ("corrupt golden" if target == "case" else "bad output")
+        assert "symbolic link" in row["detail"]
+        assert not golden.passed(rows.values())
+        assert [r["verdict"] for n, r in rows.items() if n != "round-bf16"] == ["bit-exact"] * 2
+    if target == "case":
+        with pytest.raises(golden.GoldenError, match="symbolic link"):
+            golden.run_mpt(gdir, out)
+    seen = list(opened)
+    assert str(copy) not in seen and not any(p.startswith(str(victim.parent)) for p in seen)
+    assert _state(gdir, out, victim.parent) == before
+
+
+def test_outputs_folder_must_not_be_the_golden_folder(suite, capsys):
+    gdir, _, _ = suite
+    before = _state(gdir)
+    code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", gdir)
+    assert code == 2
+    _one_line_error(err, "is the golden folder")
+    assert _state(gdir) == before
+
+
+def test_a_fifo_is_not_read(suite):
+    gdir, out, _ = suite
+    (out / "round-fp16.npz").unlink()
+    os.mkfifo(out / "round-fp16.npz")                 # a blocking read would hang the test
+    rows = {r["case"]: r for r in golden.verify(gdir, out)}
+    assert rows["round-fp16"]["verdict"] == "bad output"
+    assert "not a regular file" in rows["round-fp16"]["detail"]
+
+
+# ---- the digest ----------------------------------------------------------------------------------
+def test_digest_is_the_documented_hash_of_the_manifest(suite, capsys):
+    gdir, out, _ = suite
+    manifest = _manifest(gdir)
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                           allow_nan=False).encode("ascii")
+    digest = hashlib.sha256(canonical).hexdigest()
+    assert manifest["digest"] == digest == golden.suite_digest(gdir)
+    # the manifest holds every file's sha256: the digest pins every byte of the suite
+    for entry in manifest["cases"]:
+        assert hashlib.sha256((gdir / entry["file"]).read_bytes()).hexdigest() == \
+            entry["file_sha256"]
+    code, text, _ = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out,
+                         "--expect-digest", digest.upper())
+    assert code == 0 and f"suite digest: {digest} (as expected)" in text
+
+
+def test_a_loosened_contract_is_caught(suite, capsys):
+    gdir, out, _ = suite
+    pinned = golden.suite_digest(gdir)
+    manifest = _manifest(gdir)
+    manifest["cases"][0]["contract"] = {"max_ulp": 1e30, "text": "<= 1e+30 ULP"}
+    _write_manifest(gdir, manifest, redigest=False)
+    with pytest.raises(golden.GoldenError, match=r"cases\[0\]\.contract\.max_ulp must be an "
+                                                 r"integer; got 1e\+30"):
+        golden.verify(gdir, out)
+    # a well-formed loosening, hand-edited: the stored digest no longer matches
+    manifest["cases"][0]["contract"] = {"max_ulp": 1000, "text": "<= 1000 ULP"}
+    _write_manifest(gdir, manifest, redigest=False)
+    with pytest.raises(golden.GoldenError, match="does not match its digest"):
+        golden.verify(gdir, out)
+    # ... and with the digest recomputed: a different suite, which the pin refuses
+    _write_manifest(gdir, manifest)
+    assert golden.passed(golden.verify(gdir, out))
+    with pytest.raises(golden.GoldenError, match=f"has digest .* not the expected {pinned}"):
+        golden.verify(gdir, out, expect_digest=pinned)
+    code, text, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out,
+                           "--expect-digest", pinned)
+    assert code == 2 and text == ""
+    _one_line_error(err, "not the suite that was pinned")
+
+
+def test_a_changed_case_file_fails_the_pin(suite):
+    gdir, out, _ = suite
+    pinned = golden.suite_digest(gdir)
+    path = gdir / "round-fp16.npz"
+    with np.load(path) as data:
+        arrays = {k: data[k].copy() for k in data.files}
+    arrays["in.x"][2] = 2.0
+    np.savez(path, **arrays)
+    with pytest.raises(golden.GoldenError, match="does not match its manifest hash"):
+        golden.suite_digest(gdir)
+    rows = golden.verify(gdir, out, expect_digest=pinned)       # same manifest, changed file
+    assert rows[0]["verdict"] == "corrupt golden" and not golden.passed(rows)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "0" * 63, "g" * 64, 42, None])
+def test_expect_digest_must_be_a_digest(suite, capsys, bad):
+    gdir, out, _ = suite
+    if bad is None:
+        assert golden.passed(golden.verify(gdir, out, expect_digest=None))
+        return
+    with pytest.raises(ValueError, match="expect_digest must be a suite digest"):
+        golden.verify(gdir, out, expect_digest=bad)
+    if isinstance(bad, str):
+        code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out,
+                            f"--expect-digest={bad}")
+        assert code == 2
+        _one_line_error(err, "expect_digest")
+
+
+# ---- the manifest loader, fuzzed -----------------------------------------------------------------
+#: (path of a field, a value of a wrong type) for every field of the schema
+FIELDS = [
+    (("schema_version",), "2"), (("suite",), 1), (("versions",), []),
+    (("cases",), {}), (("digest",), "xyz"),
+    (("cases", 0), "round-fp16"),
+    (("cases", 0, "name"), 1), (("cases", 0, "kind"), None), (("cases", 0, "params"), []),
+    (("cases", 0, "contract"), "bit-exact"), (("cases", 0, "contract", "max_ulp"), "0"),
+    (("cases", 0, "contract", "text"), 0), (("cases", 0, "file"), ["x"]),
+    (("cases", 0, "file_sha256"), "0" * 63), (("cases", 0, "arrays"), ["in.x"]),
+    (("cases", 0, "arrays", "in.x"), "float32"),
+    (("cases", 0, "arrays", "in.x", "dtype"), 4), (("cases", 0, "arrays", "in.x", "shape"), 9),
+    (("cases", 0, "arrays", "out.y", "sha256"), None),
+]
+
+
+def _where(path):
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def _parent(manifest, path):
+    obj = manifest
+    for part in path[:-1]:
+        obj = obj[part]
+    return obj
+
+
+@pytest.mark.parametrize("path, wrong", FIELDS, ids=[_where(p) for p, _ in FIELDS])
+@pytest.mark.parametrize("how", ["missing", "wrong type"])
+def test_every_missing_or_mistyped_field_is_named(suite, capsys, path, wrong, how):
+    gdir, out, _ = suite
+    manifest = _manifest(gdir)
+    parent = _parent(manifest, path)
+    if how == "missing":
+        if isinstance(parent, list):
+            parent.clear()                               # cases: [] (the suite is empty)
+            expected = "cases is empty"
+        else:
+            del parent[path[-1]]
+            expected = f"{_where(path)} is missing"
+            if path[-1] in ("in.x", "out.y"):             # an array dropped from the manifest
+                expected = "cases[0].arrays" if path[-1] == "out.y" else None
+    else:
+        parent[path[-1]] = wrong
+        expected = _where(path) + (" must be" if path != ("cases", 0) else "")
+    if path == ("digest",) and how == "missing":
+        (gdir / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        _write_manifest(gdir, manifest, redigest=path != ("digest",))
+    before = _state(gdir, out)
+    if expected is None:                               # in.x unlisted: the file disagrees
+        rows = golden.verify(gdir, out)
+        assert rows[0]["verdict"] == "corrupt golden" and "manifest lists" in rows[0]["detail"]
+        return
+    with pytest.raises(golden.GoldenError, match=re.escape(expected)):
+        golden.read_manifest(gdir)
+    code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out)
+    assert code == 2
+    _one_line_error(err, re.escape(expected))
+    assert _state(gdir, out) == before
+
+
+BAD_VALUES = [
+    (("schema_version",), 1, "schema_version 1 is not 2"),
+    (("schema_version",), 3, "schema_version 3 is not 2"),
+    (("schema_version",), True, "schema_version must be an integer"),
+    (("cases", 0, "kind"), "gemv", r"cases[0].kind 'gemv' is not a known kind"),
+    (("cases", 0, "arrays", "in.x", "dtype"), "object", "cases[0].arrays.in.x.dtype"),
+    (("cases", 0, "arrays", "in.x", "dtype"), "float8_e9m9", "cases[0].arrays.in.x.dtype"),
+    (("cases", 0, "arrays", "in.x", "dtype"), "<U4", "cases[0].arrays.in.x.dtype"),
+    (("cases", 0, "arrays", "in.x", "shape"), [-1], "cases[0].arrays.in.x.shape"),
+    (("cases", 0, "arrays", "in.x", "shape"), [1.5], "cases[0].arrays.in.x.shape"),
+    (("cases", 0, "arrays", "in.x", "shape"), [True], "cases[0].arrays.in.x.shape"),
+    (("cases", 0, "arrays", "in.x", "shape"), ["9"], "cases[0].arrays.in.x.shape"),
+    (("cases", 0, "arrays", "in.x", "shape"), [1] * 65, "cases[0].arrays.in.x.shape"),
+    (("cases", 0, "contract", "max_ulp"), -1, "cases[0].contract.max_ulp must be in"),
+    (("cases", 0, "contract", "max_ulp"), 2**64, "cases[0].contract.max_ulp must be in"),
+    (("cases", 0, "contract", "max_ulp"), True, "cases[0].contract.max_ulp must be an integer"),
+    (("cases", 0, "contract", "text"), "<= 3 ULP", "cases[0].contract.text"),
+    (("cases", 0, "file"), "round-bf16.npz", "cases[0].file must be the case name"),
+    (("cases", 0, "file_sha256"), "A" * 64, "cases[0].file_sha256"),
+    (("cases", 0, "extra"), 1, "cases[0] has unknown fields ['extra']"),
+    (("extra",), 1, "manifest has unknown fields ['extra']"),
+    (("cases", 0, "contract", "rtol"), 0.1, "cases[0].contract has unknown fields"),
+    (("cases", 0, "arrays", "in.x", "strides"), [4], "cases[0].arrays.in.x has unknown fields"),
+    (("cases", 0, "arrays", "x"), {}, "key 'x' is not 'in.<name>'"),
+    (("cases", 0, "arrays", "in./etc"), {}, "key 'in./etc' is not"),
+    (("cases", 0, "arrays", "out.a..b"), {}, "key 'out.a..b' is not"),
+    (("cases", 1, "name"), "ROUND-fp16", "cases[1].name 'ROUND-fp16' repeats case 0"),
+]
+
+
+@pytest.mark.parametrize("path, value, match", BAD_VALUES,
+                         ids=[f"{_where(p)}={v!r}"[:60] for p, v, _ in BAD_VALUES])
+def test_bad_values_are_named(suite, capsys, path, value, match):
+    gdir, out, _ = suite
+    manifest = _manifest(gdir)
+    _parent(manifest, path)[path[-1]] = value
+    if path == ("cases", 1, "name"):
+        manifest["cases"][1]["file"] = value + ".npz"
+    _write_manifest(gdir, manifest)
+    with pytest.raises(golden.GoldenError, match=re.escape(match)):
+        golden.read_manifest(gdir)
+    code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out)
+    assert code == 2
+    _one_line_error(err, re.escape(match))
+
+
+def test_no_output_array_and_empty_arrays_are_refused(suite):
+    gdir, _, _ = suite
+    manifest = _manifest(gdir)
+    del manifest["cases"][0]["arrays"]["out.y"]
+    _write_manifest(gdir, manifest)
+    with pytest.raises(golden.GoldenError, match=r"cases\[0\]\.arrays has no output"):
+        golden.read_manifest(gdir)
+    manifest["cases"][0]["arrays"] = {}
+    _write_manifest(gdir, manifest)
+    with pytest.raises(golden.GoldenError, match=r"cases\[0\]\.arrays is empty"):
+        golden.read_manifest(gdir)
+
+
+@pytest.mark.parametrize("text, match", [
+    (b"[]", "manifest must be a JSON object"),
+    (b"{", "is not valid JSON"),
+    (b"\xff\xfe", "is not valid JSON"),
+    (b'{"schema_version": 2, "schema_version": 2}', "repeats the key 'schema_version'"),
+    (b'{"schema_version": NaN}', "holds NaN"),
+    (b'{"schema_version": -Infinity}', "holds -Infinity"),
+    (b"", "is not valid JSON"),
+])
+def test_unreadable_manifests_are_one_line_errors(suite, capsys, text, match):
+    gdir, out, _ = suite
+    (gdir / "manifest.json").write_bytes(text)
+    with pytest.raises(golden.GoldenError, match=re.escape(match)):
+        golden.read_manifest(gdir)
+    code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out)
+    assert code == 2
+    _one_line_error(err, re.escape(match))
+
+
+def test_load_case_checks_the_entry_it_is_given(suite):
+    gdir, _, victim = suite
+    entry = _manifest(gdir)["cases"][0]
+    entry["file"] = str(victim)
+    with pytest.raises(golden.GoldenError, match=r"\.file must be the case name"):
+        golden.load_case(gdir, entry)
+
+
+def test_empty_suite_and_empty_reports_fail(suite, capsys):
+    gdir, out, _ = suite
+    rows = golden.verify(gdir, out)
+    assert golden.passed(rows)
+    assert not golden.passed([])
+    assert not golden.passed([{**r, "verdict": "skipped"} for r in rows])
+    manifest = _manifest(gdir)
+    manifest["cases"] = []
+    _write_manifest(gdir, manifest)
+    code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out)
+    assert code == 2
+    _one_line_error(err, "cases is empty")
+    with pytest.raises(golden.GoldenError, match="cases must be a non-empty list"):
+        golden.write_suite([], gdir.parent / "empty")
+    assert not (gdir.parent / "empty").exists()
+
+
+def test_bad_params_are_one_line_errors(suite, capsys):
+    gdir, out, _ = suite
+    manifest = _manifest(gdir)
+    del manifest["cases"][2]["params"]["mode"]
+    _write_manifest(gdir, manifest)
+    before = _state(out)
+    code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", out)
+    assert code == 2
+    _one_line_error(err, r"case 'round-fp8_e4m3fn' \(round\): its params or inputs do not fit")
+    assert _state(out) == before                   # every case is computed before any is written
+
+
+def test_fixture_cases_are_not_recomputed(suite):
+    gdir, out, _ = suite
+    manifest = _manifest(gdir)
+    manifest["cases"][1]["kind"] = golden.FIXTURE_KIND
+    _write_manifest(gdir, manifest)
+    before = _state(out)
+    with pytest.raises(golden.GoldenError, match="which mpt does not compute"):
+        golden.run_mpt(gdir, out)
+    assert _state(out) == before
+    assert golden.passed(golden.verify(gdir, out))          # verify compares them all the same
+
+
+# ---- writing a suite -----------------------------------------------------------------------------
+def test_bad_case_names_are_refused_before_writing(tmp_path, suite):
+    _, _, victim = suite
+    before = _state(victim.parent)
+    for bad in (str(victim.with_suffix("")), "../x", "a/b", ""):
+        cases = _cases()
+        cases[1].name = bad
+        with pytest.raises(golden.GoldenError, match=re.escape("cases[1].name")):
+            golden.write_suite(cases, tmp_path / "w")
+        assert not (tmp_path / "w").exists()
+    cases = _cases()
+    cases[2].name = cases[0].name.upper()
+    with pytest.raises(golden.GoldenError, match="repeats case 0"):
+        golden.write_suite(cases, tmp_path / "w")
+    assert _state(victim.parent) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
