@@ -4,7 +4,7 @@
     mpt round X [X ...] [--to F ...] [--mode M] [--saturate] [--seed S] [--json]
                                            round numbers to formats, show values, bits and errors
     mpt demo                               the default workload: the table and a rounding tour
-    mpt golden generate [--suite S] [--out DIR] [--seed N]
+    mpt golden generate [--suite S] [--out DIR] [--seed N] [--force]
     mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
     mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
                       [--expect-digest HEX]
@@ -126,8 +126,9 @@ def _cmd_golden(args) -> int:
     from mpt import golden
 
     if args.action == "generate":
+        golden.check_target(args.out, force=args.force)     # refuse before computing the cases
         cases = golden.generate(args.suite, seed=args.seed)
-        out = golden.write_suite(cases, args.out, suite=args.suite)
+        out = golden.write_suite(cases, args.out, suite=args.suite, force=args.force)
         print(f"wrote {len(cases)} cases of suite {args.suite!r} to {out}")
         print(f"suite digest: {golden.read_manifest(out)['digest']}")
         return 0
@@ -161,8 +162,11 @@ def _add_golden(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     g = actions.add_parser("generate", help="compute a suite of golden cases with mpt")
     g.add_argument("--suite", default="default")
-    g.add_argument("--out", default="reference_results/default", metavar="DIR")
+    g.add_argument("--out", default="reference_results/default", metavar="DIR",
+                   help="a new or empty folder, or one holding a suite (with --force)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--force", action="store_true",
+                   help="replace the golden suite already in --out (only its own files)")
     r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
     v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
     t = actions.add_parser("run-torch", help="run a golden suite's inputs through PyTorch")

@@ -44,6 +44,11 @@ output's dtype, as its unsigned bit patterns, or as wider floats that hold the v
 contract: bit-exact, or at most N ULP of the output format. A report that compared no case never
 passes.
 
+**Writing.** :func:`write_suite` writes a new suite into a temporary folder beside the target
+and swaps it in. It refuses a path that is a file or a symbolic link and a non-empty folder that
+holds no suite; it replaces an existing suite only with ``force=True``, only when that folder
+holds nothing but the suite's files, and then deletes only the files the old manifest lists.
+
 Case *kinds* map inputs and parameters to outputs (``KINDS``: ``round`` here, mma, gemm,
 fake_quant, optim, grad_scaler, attention and train_steps in :mod:`mpt.golden_cases`); ``run_mpt``
 recomputes every case with mpt itself, so ``generate → run_mpt → verify`` must be bit-exact
@@ -59,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -68,7 +74,7 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from mpt._io import (check_base_name, default_mode, dtype_from_name, is_sha256,
+from mpt._io import (BASE_NAME, check_base_name, default_mode, dtype_from_name, is_sha256,
                      load_json)
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
 from mpt._io import field as _field
@@ -86,6 +92,7 @@ __all__ = [
     "load_case", "describe_array", "read_manifest", "passed", "format_report",
     "write_json_atomic", "suite_digest", "manifest_digest", "check_digest", "build_manifest",
     "write_case", "write_manifest", "outputs_folder", "compute_outputs", "ARRAY_NAME",
+    "check_target",
 ]
 
 SCHEMA_VERSION = 2
@@ -305,7 +312,7 @@ def _check_manifest(manifest) -> None:
     version = _field(manifest, "schema_version", "int", "", GoldenError)
     if version != SCHEMA_VERSION:
         _fail("schema_version", f"{version} is not {SCHEMA_VERSION}: the suite was written by "
-                                "another mpt version (regenerate it: mpt golden generate)")
+                                "another mpt version (regenerate it: mpt golden generate --force)")
     _known_fields(manifest, _TOP_FIELDS, "")
     _field(manifest, "suite", "str", "", GoldenError)
     versions = _field(manifest, "versions", "dict", "", GoldenError)
@@ -402,6 +409,49 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     _atomic_write_bytes(Path(folder) / MANIFEST, lambda fh: fh.write(text.encode()))
 
 
+def _old_suite_files(folder: Path) -> list[str] | None:
+    """The files of the golden suite in ``folder`` (its manifest and the case files it lists),
+    or None when ``folder`` does not hold a readable mpt suite of this or an older schema."""
+    try:
+        manifest = load_json(read_in_folder(folder, MANIFEST, GoldenError), MANIFEST,
+                             GoldenError, allow_nan=True)
+        files = [e["file"] for e in manifest["cases"]]
+        ok = manifest["schema_version"] in range(1, SCHEMA_VERSION + 1) and all(
+            isinstance(f, str) and BASE_NAME.fullmatch(f) and ".." not in f for f in files)
+    except (GoldenError, KeyError, TypeError):
+        return None
+    return [MANIFEST, *files] if ok else None
+
+
+def check_target(out_dir, *, force: bool = False) -> list[str] | None:
+    """Whether :func:`write_suite` may write into ``out_dir`` (raises :class:`GoldenError` if not);
+    returns the files it would remove once the new suite is in place (None: no folder yet)."""
+    out_dir = Path(out_dir)
+    if out_dir.is_symlink():
+        raise GoldenError(f"{out_dir} is a symbolic link; give the folder itself")
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise GoldenError(f"{out_dir} is a file, not a folder; refusing to replace it")
+    present = sorted(os.listdir(out_dir))
+    if not present:
+        return []
+    listed = _old_suite_files(out_dir)
+    if listed is None:
+        raise GoldenError(f"{out_dir} is not empty and holds no mpt golden suite; refusing to "
+                          "write into it (give a new or empty folder)")
+    if not force:
+        raise GoldenError(f"{out_dir} already holds a golden suite; replace it with force=True "
+                          "(mpt golden generate --force)")
+    extra = [n for n in present
+             if n not in listed or not stat.S_ISREG(os.lstat(out_dir / n).st_mode)]
+    if extra:
+        raise GoldenError(f"{out_dir} holds {len(extra)} files that are not part of its golden "
+                          f"suite (e.g. {extra[:3]}); mpt deletes only what it wrote: move them "
+                          "away first")
+    return present
+
+
 def _check_cases(cases: list) -> None:
     """What must hold before :func:`write_suite` writes anything."""
     if not isinstance(cases, list) or not cases:
@@ -414,26 +464,44 @@ def _check_cases(cases: list) -> None:
     _check_names([c.name for c in cases], "cases")
 
 
-def write_suite(cases: list[Case], out_dir, *, suite: str = "custom") -> Path:
-    """Write cases and their manifest into ``out_dir`` (replaced whole, never half written)."""
+def write_suite(cases: list[Case], out_dir, *, suite: str = "custom", force: bool = False) -> Path:
+    """Write cases and their manifest into the folder ``out_dir``, never half written.
+
+    ``out_dir`` may be new or empty. A folder that already holds a golden suite is replaced only
+    with ``force=True``, and only if it holds nothing but that suite's files; a file, a symbolic
+    link or a non-empty folder without a suite is refused (:class:`GoldenError`). The suite is
+    written into a temporary folder beside ``out_dir`` and swapped in; only then are the old
+    suite's files (its manifest and the case files it lists) removed. Returns ``out_dir``.
+    """
     _check_cases(cases)
-    out_dir = Path(out_dir)
+    out_dir = Path(os.path.abspath(out_dir))
+    old_files = check_target(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.new-"))
     try:
         os.chmod(tmp, default_mode(0o777))
         write_manifest(tmp, build_manifest([write_case(tmp, c) for c in cases], suite))
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out_dir, old)
+        if old_files is None:
             os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
+            return out_dir
+        old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.old-"))
+        os.rmdir(old)
+        os.replace(out_dir, old)
+        try:
             os.replace(tmp, out_dir)
+        except BaseException:
+            os.replace(old, out_dir)
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for name in old_files:
+        os.unlink(old / name)
+    try:
+        os.rmdir(old)
+    except OSError:
+        raise GoldenError(f"wrote the new suite to {out_dir}; files mpt did not write appeared "
+                          f"in the old one meanwhile and were kept in {old}") from None
     return out_dir
 
 

@@ -1,6 +1,6 @@
 """Golden suites on disk: names never lead outside a folder, the manifest is checked whole (every
 bad field is one GoldenError naming it), the suite digest pins manifest and files, and
-suites are written whole. Each file test checks that nothing outside the folder
+``generate`` replaces only a suite it wrote. Each file test checks that nothing outside the folder
 was read or written and that no prior file changed."""
 import builtins
 import hashlib
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mpt import golden
+from mpt._io import default_mode
 from mpt.cli import main
 
 X = np.array([0.0, -0.0, 1.0, 1.5, 65520.0, 2.0**-25, np.inf, np.nan, -3.25], np.float32)
@@ -461,6 +462,87 @@ def test_fixture_cases_are_not_recomputed(suite):
 
 
 # ---- writing a suite -----------------------------------------------------------------------------
+def _siblings(path):
+    return sorted(p.name for p in path.parent.iterdir())
+
+
+def test_write_refuses_a_file_a_link_and_a_foreign_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(golden.SUITES, "small", lambda rng: _cases())
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data.npz").write_bytes(b"mine")
+    (foreign / "manifest.json").write_text('{"something": "else"}')
+    link = tmp_path / "link"
+    link.symlink_to(foreign)
+    before = _state(tmp_path)
+    for target, match in ((file, "is a file"), (foreign, "holds no mpt golden suite"),
+                          (link, "symbolic link")):
+        for force in (False, True):
+            with pytest.raises(golden.GoldenError, match=match):
+                golden.write_suite(_cases(), target, force=force)
+            code, _, err = _cli(capsys, "golden", "generate", "--suite", "small", "--out", target,
+                                *(["--force"] if force else []))
+            assert code == 2
+            _one_line_error(err, match)
+    assert _state(tmp_path) == before
+    assert _siblings(file) == ["foreign", "link", "notes.txt"]    # no temporary folder left
+
+
+def test_an_existing_suite_is_replaced_only_with_force(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(golden.SUITES, "small", lambda rng: _cases())
+    old_cases = _cases()
+    old_cases[0].name = "old-only"
+    gdir = golden.write_suite(old_cases, tmp_path / "g")
+    before = _state(tmp_path)
+    with pytest.raises(golden.GoldenError, match="already holds a golden suite"):
+        golden.write_suite(_cases(), gdir)
+    code, _, err = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir)
+    assert code == 2
+    _one_line_error(err, "--force")
+    assert _state(tmp_path) == before
+    # a file mpt did not write: refused even with --force, nothing changed
+    (gdir / "README").write_text("my notes")
+    before = _state(tmp_path)
+    code, _, err = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir, "--force")
+    assert code == 2
+    _one_line_error(err, r"not part of its golden suite \(e.g. \['README'\]\)")
+    assert _state(tmp_path) == before
+    (gdir / "README").unlink()
+    code, text, _ = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir,
+                         "--force")
+    assert code == 0 and f"suite digest: {golden.suite_digest(gdir)}" in text
+    assert sorted(p.name for p in gdir.iterdir()) == sorted(
+        ["manifest.json"] + [f"{c.name}.npz" for c in _cases()])    # old-only.npz is gone
+    assert _siblings(gdir) == ["g"]
+    assert (gdir.stat().st_mode & 0o777) == default_mode(0o777)
+
+
+def test_an_empty_folder_and_a_new_one_are_written(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for target in (tmp_path / "empty", tmp_path / "new" / "deeper"):
+        golden.write_suite(_cases(), target)
+        assert golden.passed(golden.verify(target, golden.run_mpt(target, tmp_path / "o")))
+
+
+def test_a_failed_write_leaves_the_old_suite(tmp_path, monkeypatch):
+    gdir = golden.write_suite(_cases(), tmp_path / "g")
+    before = _state(tmp_path)
+    calls = []
+
+    def fail_on_second(path, arrays, real=golden.save_npz):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(path, arrays)
+
+    monkeypatch.setattr(golden, "save_npz", fail_on_second)
+    with pytest.raises(OSError, match="disk full"):
+        golden.write_suite(_cases(), gdir, force=True)
+    assert _state(tmp_path) == before and _siblings(gdir) == ["g"]
+
+
 def test_bad_case_names_are_refused_before_writing(tmp_path, suite):
     _, _, victim = suite
     before = _state(victim.parent)
