@@ -2,12 +2,9 @@
 bad field is one GoldenError naming it), the suite digest pins manifest and files, and
 ``generate`` replaces only a suite it wrote. Each file test checks that nothing outside the folder
 was read or written and that no prior file changed."""
-import builtins
 import hashlib
-import io
 import json
 import os
-import pathlib
 import re
 
 import numpy as np
@@ -38,40 +35,6 @@ def suite(tmp_path):
     victim.parent.mkdir()
     victim.write_bytes(b"the user's own file")
     return gdir, out, victim
-
-
-def _state(*roots):
-    """Every file under ``roots`` (links not followed): bytes and mtime."""
-    found = {}
-    for root in roots:
-        for dirpath, dirnames, files in os.walk(root):
-            for name in files + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-                path = os.path.join(dirpath, name)
-                st = os.lstat(path)
-                data = os.readlink(path) if os.path.islink(path) else pathlib.Path(path).read_bytes()
-                found[path] = (data, st.st_mtime_ns)
-    return found
-
-
-@pytest.fixture
-def opened(monkeypatch):
-    """Every path opened through builtins.open or os.open while the test runs."""
-    paths = []
-    real_open, real_os_open = builtins.open, os.open
-
-    def spy_open(file, *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)):
-            paths.append(os.path.abspath(file))
-        return real_open(file, *args, **kwargs)
-
-    def spy_os_open(path, *args, **kwargs):
-        paths.append(os.path.abspath(path))
-        return real_os_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", spy_open)
-    monkeypatch.setattr(io, "open", spy_open)               # pathlib's reads
-    monkeypatch.setattr(os, "open", spy_os_open)
-    return paths
 
 
 def _manifest(gdir):
@@ -108,7 +71,7 @@ def _outside(victim):
 @pytest.mark.parametrize("which", ["name", "file"])
 @pytest.mark.parametrize("index", range(11))
 def test_names_outside_the_folder_are_refused_before_anything_is_touched(
-        suite, capsys, opened, which, index):
+        suite, capsys, opened, which, index, files):
     gdir, out, victim = suite
     bad = _outside(victim)[index]
     manifest = _manifest(gdir)
@@ -117,7 +80,7 @@ def test_names_outside_the_folder_are_refused_before_anything_is_touched(
     if which == "name" and bad:                      # file follows the name, as an attacker would
         entry["file"] = bad + ".npz"
     _write_manifest(gdir, manifest)
-    before = _state(gdir, out, victim.parent)
+    before = files(gdir, out, victim.parent)
     opened.clear()
     pattern = re.escape(f"cases[1].{which}")
     with pytest.raises(golden.GoldenError, match=pattern):
@@ -134,23 +97,23 @@ def test_names_outside_the_folder_are_refused_before_anything_is_touched(
     assert code == 2 and not (gdir.parent / "new").exists()
     # only the manifest was opened: no case file, no output, nothing outside
     assert set(opened) == {str(gdir / "manifest.json")}
-    assert _state(gdir, out, victim.parent) == before           # nothing written anywhere
+    assert files(gdir, out, victim.parent) == before           # nothing written anywhere
 
 
-def test_the_reported_attack_no_longer_writes_outside(suite, capsys):
+def test_the_reported_attack_no_longer_writes_outside(suite, capsys, files):
     """The issue's repro: one case's name set to an absolute path in a copied suite."""
     gdir, out, victim = suite
     manifest = _manifest(gdir)
     manifest["cases"][0]["name"] = str(victim.with_suffix(""))
     _write_manifest(gdir, manifest, redigest=False)                # as the issue did it
-    before = _state(victim.parent)
+    before = files(victim.parent)
     code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", out)
     assert code == 2 and "cases[0].name must be a plain file name" in err
-    assert _state(victim.parent) == before
+    assert files(victim.parent) == before
 
 
 @pytest.mark.parametrize("target", ["case", "manifest", "output"])
-def test_symbolic_links_are_refused_never_followed(suite, tmp_path, opened, target):
+def test_symbolic_links_are_refused_never_followed(suite, tmp_path, opened, target, files):
     gdir, out, victim = suite
     name = "round-bf16.npz"
     folder = out if target == "output" else gdir
@@ -159,7 +122,7 @@ def test_symbolic_links_are_refused_never_followed(suite, tmp_path, opened, targ
     copy.write_bytes((folder / file).read_bytes())
     (folder / file).unlink()
     (folder / file).symlink_to(copy)
-    before = _state(gdir, out, victim.parent)
+    before = files(gdir, out, victim.parent)
     opened.clear()
     if target == "manifest":
         with pytest.raises(golden.GoldenError, match="symbolic link"):
@@ -176,16 +139,16 @@ def test_symbolic_links_are_refused_never_followed(suite, tmp_path, opened, targ
             golden.run_mpt(gdir, out)
     seen = list(opened)
     assert str(copy) not in seen and not any(p.startswith(str(victim.parent)) for p in seen)
-    assert _state(gdir, out, victim.parent) == before
+    assert files(gdir, out, victim.parent) == before
 
 
-def test_outputs_folder_must_not_be_the_golden_folder(suite, capsys):
+def test_outputs_folder_must_not_be_the_golden_folder(suite, capsys, files):
     gdir, _, _ = suite
-    before = _state(gdir)
+    before = files(gdir)
     code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", gdir)
     assert code == 2
     _one_line_error(err, "is the golden folder")
-    assert _state(gdir) == before
+    assert files(gdir) == before
 
 
 def test_a_fifo_is_not_read(suite):
@@ -301,7 +264,7 @@ def _parent(manifest, path):
 
 @pytest.mark.parametrize("path, wrong", FIELDS, ids=[_where(p) for p, _ in FIELDS])
 @pytest.mark.parametrize("how", ["missing", "wrong type"])
-def test_every_missing_or_mistyped_field_is_named(suite, capsys, path, wrong, how):
+def test_every_missing_or_mistyped_field_is_named(suite, capsys, path, wrong, how, files):
     gdir, out, _ = suite
     manifest = _manifest(gdir)
     parent = _parent(manifest, path)
@@ -321,7 +284,7 @@ def test_every_missing_or_mistyped_field_is_named(suite, capsys, path, wrong, ho
         (gdir / "manifest.json").write_text(json.dumps(manifest))
     else:
         _write_manifest(gdir, manifest, redigest=path != ("digest",))
-    before = _state(gdir, out)
+    before = files(gdir, out)
     if expected is None:                               # in.x unlisted: the file disagrees
         rows = golden.verify(gdir, out)
         assert rows[0]["verdict"] == "corrupt golden" and "manifest lists" in rows[0]["detail"]
@@ -331,7 +294,7 @@ def test_every_missing_or_mistyped_field_is_named(suite, capsys, path, wrong, ho
     code, _, err = _cli(capsys, "golden", "verify", "--golden", gdir, "--outputs", out)
     assert code == 2
     _one_line_error(err, re.escape(expected))
-    assert _state(gdir, out) == before
+    assert files(gdir, out) == before
 
 
 BAD_VALUES = [
@@ -437,27 +400,27 @@ def test_empty_suite_and_empty_reports_fail(suite, capsys):
     assert not (gdir.parent / "empty").exists()
 
 
-def test_bad_params_are_one_line_errors(suite, capsys):
+def test_bad_params_are_one_line_errors(suite, capsys, files):
     gdir, out, _ = suite
     manifest = _manifest(gdir)
     del manifest["cases"][2]["params"]["mode"]
     _write_manifest(gdir, manifest)
-    before = _state(out)
+    before = files(out)
     code, _, err = _cli(capsys, "golden", "run", "--golden", gdir, "--outputs", out)
     assert code == 2
     _one_line_error(err, r"case 'round-fp8_e4m3fn' \(round\): its params or inputs do not fit")
-    assert _state(out) == before                   # every case is computed before any is written
+    assert files(out) == before                   # every case is computed before any is written
 
 
-def test_fixture_cases_are_not_recomputed(suite):
+def test_fixture_cases_are_not_recomputed(suite, files):
     gdir, out, _ = suite
     manifest = _manifest(gdir)
     manifest["cases"][1]["kind"] = golden.FIXTURE_KIND
     _write_manifest(gdir, manifest)
-    before = _state(out)
+    before = files(out)
     with pytest.raises(golden.GoldenError, match="which mpt does not compute"):
         golden.run_mpt(gdir, out)
-    assert _state(out) == before
+    assert files(out) == before
     assert golden.passed(golden.verify(gdir, out))          # verify compares them all the same
 
 
@@ -466,7 +429,7 @@ def _siblings(path):
     return sorted(p.name for p in path.parent.iterdir())
 
 
-def test_write_refuses_a_file_a_link_and_a_foreign_folder(tmp_path, capsys, monkeypatch):
+def test_write_refuses_a_file_a_link_and_a_foreign_folder(tmp_path, capsys, monkeypatch, files):
     monkeypatch.setitem(golden.SUITES, "small", lambda rng: _cases())
     file = tmp_path / "notes.txt"
     file.write_text("keep me")
@@ -476,7 +439,7 @@ def test_write_refuses_a_file_a_link_and_a_foreign_folder(tmp_path, capsys, monk
     (foreign / "manifest.json").write_text('{"something": "else"}')
     link = tmp_path / "link"
     link.symlink_to(foreign)
-    before = _state(tmp_path)
+    before = files(tmp_path)
     for target, match in ((file, "is a file"), (foreign, "holds no mpt golden suite"),
                           (link, "symbolic link")):
         for force in (False, True):
@@ -486,29 +449,29 @@ def test_write_refuses_a_file_a_link_and_a_foreign_folder(tmp_path, capsys, monk
                                 *(["--force"] if force else []))
             assert code == 2
             _one_line_error(err, match)
-    assert _state(tmp_path) == before
+    assert files(tmp_path) == before
     assert _siblings(file) == ["foreign", "link", "notes.txt"]    # no temporary folder left
 
 
-def test_an_existing_suite_is_replaced_only_with_force(tmp_path, capsys, monkeypatch):
+def test_an_existing_suite_is_replaced_only_with_force(tmp_path, capsys, monkeypatch, files):
     monkeypatch.setitem(golden.SUITES, "small", lambda rng: _cases())
     old_cases = _cases()
     old_cases[0].name = "old-only"
     gdir = golden.write_suite(old_cases, tmp_path / "g")
-    before = _state(tmp_path)
+    before = files(tmp_path)
     with pytest.raises(golden.GoldenError, match="already holds a golden suite"):
         golden.write_suite(_cases(), gdir)
     code, _, err = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir)
     assert code == 2
     _one_line_error(err, "--force")
-    assert _state(tmp_path) == before
+    assert files(tmp_path) == before
     # a file mpt did not write: refused even with --force, nothing changed
     (gdir / "README").write_text("my notes")
-    before = _state(tmp_path)
+    before = files(tmp_path)
     code, _, err = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir, "--force")
     assert code == 2
     _one_line_error(err, r"not part of its golden suite \(e.g. \['README'\]\)")
-    assert _state(tmp_path) == before
+    assert files(tmp_path) == before
     (gdir / "README").unlink()
     code, text, _ = _cli(capsys, "golden", "generate", "--suite", "small", "--out", gdir,
                          "--force")
@@ -526,9 +489,9 @@ def test_an_empty_folder_and_a_new_one_are_written(tmp_path):
         assert golden.passed(golden.verify(target, golden.run_mpt(target, tmp_path / "o")))
 
 
-def test_a_failed_write_leaves_the_old_suite(tmp_path, monkeypatch):
+def test_a_failed_write_leaves_the_old_suite(tmp_path, monkeypatch, files):
     gdir = golden.write_suite(_cases(), tmp_path / "g")
-    before = _state(tmp_path)
+    before = files(tmp_path)
     calls = []
 
     def fail_on_second(path, arrays, real=golden.save_npz):
@@ -540,12 +503,12 @@ def test_a_failed_write_leaves_the_old_suite(tmp_path, monkeypatch):
     monkeypatch.setattr(golden, "save_npz", fail_on_second)
     with pytest.raises(OSError, match="disk full"):
         golden.write_suite(_cases(), gdir, force=True)
-    assert _state(tmp_path) == before and _siblings(gdir) == ["g"]
+    assert files(tmp_path) == before and _siblings(gdir) == ["g"]
 
 
-def test_bad_case_names_are_refused_before_writing(tmp_path, suite):
+def test_bad_case_names_are_refused_before_writing(tmp_path, suite, files):
     _, _, victim = suite
-    before = _state(victim.parent)
+    before = files(victim.parent)
     for bad in (str(victim.with_suffix("")), "../x", "a/b", ""):
         cases = _cases()
         cases[1].name = bad
@@ -556,5 +519,5 @@ def test_bad_case_names_are_refused_before_writing(tmp_path, suite):
     cases[2].name = cases[0].name.upper()
     with pytest.raises(golden.GoldenError, match="repeats case 0"):
         golden.write_suite(cases, tmp_path / "w")
-    assert _state(victim.parent) == before
+    assert files(victim.parent) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
