@@ -12,23 +12,30 @@ its own SHA-256 (of its canonical JSON without that field).
 
 **Atomicity.** The npz is written first under a new, content-addressed name (temp file + rename),
 then the manifest is replaced (temp file + rename): the manifest swap is the commit, so a reader
-always finds a complete pair and a crash leaves the previous checkpoint intact. Old npz files are
-removed after the commit.
+always finds a complete pair and a crash leaves the previous checkpoint intact. Old npz files
+(``state-<16 hex digits>.npz``, mpt's own names) are removed after the commit. A folder whose
+``manifest.json`` is not an mpt checkpoint is refused, never overwritten.
 
-**Loading** (``np.load(..., allow_pickle=False)``) checks every hash, dtype and shape, and that the
-checkpoint matches the trainer (same recipe, config, parameter names, shapes and formats, FP8
-layers, scaler), before it changes anything: a truncated, tampered or mismatched checkpoint
-raises :class:`CheckpointError` naming what is wrong and leaves the trainer untouched.
+**Loading** (``np.load(..., allow_pickle=False)``) reads the two files only from inside the folder
+(a symbolic link is refused, never followed; the npz name must be the content-addressed one the
+manifest's hash gives), checks every hash, dtype and shape, and that the checkpoint matches the
+trainer (same recipe, config, parameter names, shapes and formats, FP8 layers, scaler), before it
+changes anything: a truncated, tampered or mismatched checkpoint raises :class:`CheckpointError`
+naming what is wrong and leaves the trainer untouched.
 """
 from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
-from mpt._io import atomic_write_bytes, dtype_from_name, sha256, storable
+from mpt._io import atomic_write_bytes, dtype_from_name, load_json, read_in_folder, sha256
+from mpt._io import storable
 from mpt.functional import get_rng_state, set_rng_state
 from mpt.training import StepMetrics
 
@@ -37,6 +44,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
 FORMAT = "mpt-train-state"
 VERSION = 1
 _MANIFEST = "manifest.json"
+_NPZ_NAME = re.compile(r"state-[0-9a-f]{16}\.npz")
 
 
 class CheckpointError(ValueError):
@@ -76,10 +84,29 @@ def _jsonable(x):
 
 
 # ---- saving --------------------------------------------------------------------------------------
+def _check_target(folder: Path) -> None:
+    """``folder`` may receive a checkpoint: a folder (or nothing yet) whose ``manifest.json``, if
+    any, is an mpt checkpoint's."""
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"checkpoint path {folder} is a file, not a folder")
+    if not os.path.lexists(folder / _MANIFEST):
+        return
+    try:
+        manifest = load_json(read_in_folder(folder, _MANIFEST, CheckpointError), _MANIFEST,
+                             CheckpointError, allow_nan=True)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{folder} holds a {_MANIFEST} that is not an mpt checkpoint's "
+                              f"({exc}); refusing to replace it") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{folder / _MANIFEST} is not an mpt checkpoint's manifest; "
+                              "refusing to replace it")
+
+
 def save_checkpoint(trainer, path) -> Path:
     """Write ``trainer``'s complete state into the folder ``path`` (created if missing)
     atomically (module docstring); returns the manifest's path."""
     folder = Path(path)
+    _check_target(folder)
     folder.mkdir(parents=True, exist_ok=True)
     arrays, state = _collect(trainer)
     keys = {name: f"a{i}" for i, name in enumerate(arrays)}
@@ -97,8 +124,8 @@ def save_checkpoint(trainer, path) -> Path:
     manifest = dict(body, manifest_sha256=_manifest_digest(body))
     text = json.dumps(manifest, indent=1, sort_keys=True)
     atomic_write_bytes(folder / _MANIFEST, lambda fh: fh.write(text.encode()))
-    for old in folder.glob("state-*.npz"):
-        if old.name != npz_name:
+    for old in folder.iterdir():
+        if _NPZ_NAME.fullmatch(old.name) and old.name != npz_name:
             old.unlink()
     return folder / _MANIFEST
 
@@ -117,12 +144,10 @@ def _dtype(name: str) -> np.dtype:
 
 def _read_manifest(folder: Path) -> dict:
     path = folder / _MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise CheckpointError(f"no {_MANIFEST} in checkpoint folder {folder}")
-    try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is not valid JSON (truncated or damaged): {exc}") from None
+    manifest = load_json(read_in_folder(folder, _MANIFEST, CheckpointError), str(path),
+                         CheckpointError, allow_nan=True)   # a diverged run's losses are NaN
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an mpt training checkpoint")
     if manifest.get("version") != VERSION:
@@ -132,19 +157,25 @@ def _read_manifest(folder: Path) -> dict:
     if manifest.get("manifest_sha256") != _manifest_digest(body):
         raise CheckpointError(f"{path} was modified after it was written (its SHA-256 does not "
                               "match)")
+    digest = manifest.get("npz_sha256")
+    if not isinstance(digest, str) or manifest.get("npz") != f"state-{digest[:16]}.npz":
+        raise CheckpointError(f"{path}: npz must be the content-addressed name "
+                              f"'state-<npz_sha256[:16]>.npz'; got {manifest.get('npz')!r}")
     return manifest
 
 
 def _read_arrays(folder: Path, manifest: dict) -> dict:
-    path = folder / str(manifest["npz"])
-    if path.parent != folder or not path.is_file():
-        raise CheckpointError(f"checkpoint array file {path} is missing")
-    data = path.read_bytes()
+    path = folder / manifest["npz"]
+    data = read_in_folder(folder, manifest["npz"], CheckpointError)
     if sha256(data) != manifest["npz_sha256"]:
         raise CheckpointError(f"{path} does not match the SHA-256 in the manifest (truncated or "
                               "tampered with)")
     arrays = {}
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+    try:
+        npz = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile) as exc:
+        raise CheckpointError(f"{path} is not an npz file: {exc}") from None
+    with npz:
         for name, meta in manifest["arrays"].items():
             if meta["key"] not in npz.files:
                 raise CheckpointError(f"array {name!r} is missing from {path}")

@@ -1,6 +1,8 @@
 """mpt.train_state: resuming from a checkpoint continues bit for bit; damaged, tampered or foreign
-checkpoints are refused before anything changes; saving is atomic."""
+checkpoints are refused before anything changes; files are read only from inside the folder;
+saving is atomic and never replaces what mpt did not write."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -163,3 +165,50 @@ def test_saving_is_atomic(saved, monkeypatch):
     fresh = _trainer("fp16-o2")
     load_checkpoint(fresh, folder)
     assert _equal(_snapshot(fresh), _snapshot(target))
+
+
+# ---- files: only inside the folder, never through a link ---------------------------------------
+@pytest.mark.parametrize("which", ["npz", "manifest"])
+def test_symbolic_links_are_refused(saved, tmp_path, opened, files, which):
+    folder, target = saved
+    link = _npz(folder) if which == "npz" else folder / "manifest.json"
+    outside = tmp_path / "outside" / link.name            # an identical copy: its hash passes
+    outside.parent.mkdir()
+    outside.write_bytes(link.read_bytes())
+    link.unlink()
+    link.symlink_to(outside)
+    before = files(folder, outside.parent)
+    opened.clear()
+    _refused(folder, target, "symbolic link")
+    assert not any(p.startswith(str(outside.parent)) for p in opened)
+    assert files(folder, outside.parent) == before
+
+
+def test_save_never_replaces_what_mpt_did_not_write(saved, tmp_path, files):
+    folder, target = saved
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "manifest.json").write_text('{"schema_version": 2, "cases": []}')
+    (foreign / "notes.npz").write_bytes(b"x")
+    file = tmp_path / "file"
+    file.write_bytes(b"y")
+    before = files(tmp_path)
+    with pytest.raises(CheckpointError, match="not an mpt checkpoint's manifest"):
+        save_checkpoint(target, foreign)
+    with pytest.raises(CheckpointError, match="is a file"):
+        save_checkpoint(target, file)
+    (foreign / "manifest.json").unlink()
+    (foreign / "manifest.json").symlink_to(folder / "manifest.json")
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        save_checkpoint(target, foreign)
+    (foreign / "manifest.json").unlink()
+    (foreign / "manifest.json").write_text('{"schema_version": 2, "cases": []}')
+    assert {k: v[0] for k, v in files(tmp_path).items()} == {k: v[0] for k, v in before.items()}
+    # a checkpoint folder: only mpt's own state-<16 hex>.npz files are replaced
+    (folder / "state-notes.npz").write_bytes(b"mine")
+    (folder / "other.npz").write_bytes(b"mine too")
+    save_checkpoint(target, folder)
+    names = sorted(p.name for p in folder.iterdir())
+    assert len(names) == 4 and {"manifest.json", "state-notes.npz", "other.npz"} < set(names)
+    new = json.loads((folder / "manifest.json").read_text())["npz"]
+    assert re.fullmatch(r"state-[0-9a-f]{16}\.npz", new) and new in names
