@@ -78,7 +78,7 @@ from mpt._io import (BASE_NAME, check_base_name, default_mode, dtype_from_name, 
                      load_json)
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
 from mpt._io import field as _field
-from mpt._io import read_in_folder, storable
+from mpt._io import NATIVE_DTYPES, read_in_folder, storable
 from mpt._io import sha256 as _sha256
 from mpt._version import __version__
 from mpt import golden_cases
@@ -530,8 +530,12 @@ def load_case(golden_dir: Path, entry: dict) -> Case:
                               f"{sorted(entry['arrays'])}")
         for key, meta in entry["arrays"].items():
             dtype = dtype_from_name(meta["dtype"])
-            raw = data[key]
-            if raw.dtype.itemsize != dtype.itemsize:
+            try:
+                raw = data[key]
+            except ValueError as exc:                   # an object array: never unpickled
+                raise GoldenError(f"array {key} of {entry['file']} cannot be loaded: {exc}") \
+                    from None
+            if raw.dtype not in NATIVE_DTYPES or raw.dtype.itemsize != dtype.itemsize:
                 raise GoldenError(f"array {key} of {entry['file']} is stored as {raw.dtype}, "
                                   f"which cannot hold {dtype.name}")
             arr = raw if raw.dtype == dtype else raw.view(dtype)

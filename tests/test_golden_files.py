@@ -521,3 +521,21 @@ def test_bad_case_names_are_refused_before_writing(tmp_path, suite, files):
         golden.write_suite(cases, tmp_path / "w")
     assert files(victim.parent) == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_object_arrays_are_never_unpickled_and_odd_dtypes_refused(suite):
+    gdir, out, _ = suite
+    path = gdir / "round-fp16.npz"
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files}
+    for stored, match in ((np.array([{}, {}], dtype=object), "cannot be loaded"),
+                          (np.array(["a", "b"], dtype="<U1"), "is stored as <U1")):
+        np.savez(path, **{**arrays, "in.x": stored})
+        manifest = _manifest(gdir)
+        manifest["cases"][0]["file_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        _write_manifest(gdir, manifest)
+        row = golden.verify(gdir, out)[0]
+        assert row["verdict"] == "corrupt golden" and match in row["detail"], row
+    np.savez(out / "round-bf16.npz", y=np.array([{}], dtype=object))
+    row = golden.verify(gdir, out)[1]
+    assert row["verdict"] == "bad output" and "Object arrays cannot be loaded" in row["detail"]
