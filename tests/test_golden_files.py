@@ -539,3 +539,37 @@ def test_object_arrays_are_never_unpickled_and_odd_dtypes_refused(suite):
     np.savez(out / "round-bf16.npz", y=np.array([{}], dtype=object))
     row = golden.verify(gdir, out)[1]
     assert row["verdict"] == "bad output" and "Object arrays cannot be loaded" in row["detail"]
+
+
+class _FakeAdapter:
+    """Stands in for the PyTorch adapter (torch is optional): rounds with numpy's astype."""
+
+    def __init__(self, torch, device):
+        pass
+
+    def round(self, inputs, params):
+        if params["format"] != "fp16":
+            return None
+        with np.errstate(over="ignore"):
+            return {"y": inputs["x"].astype(np.float16)}
+
+
+def test_run_torch_checks_the_whole_suite_before_writing(suite, monkeypatch, files):
+    from mpt import golden_torch
+
+    gdir, _, victim = suite
+    monkeypatch.setattr(golden_torch, "_import_torch", lambda: None)
+    monkeypatch.setattr(golden_torch, "_Adapter", _FakeAdapter)
+    out, written, skipped = golden_torch.run_torch(gdir, gdir.parent / "torch-out")
+    assert (written, skipped) == (1, 2)
+    assert sorted(p.name for p in out.iterdir()) == ["round-fp16.npz"]
+    with pytest.raises(golden.GoldenError, match="is the golden folder"):
+        golden_torch.run_torch(gdir, gdir)
+    manifest = _manifest(gdir)
+    manifest["cases"][0]["name"] = str(victim.with_suffix(""))
+    manifest["cases"][0]["file"] = str(victim)
+    _write_manifest(gdir, manifest)
+    before = files(gdir.parent)
+    with pytest.raises(golden.GoldenError, match=re.escape("cases[0].name")):
+        golden_torch.run_torch(gdir, out)
+    assert files(gdir.parent) == before
