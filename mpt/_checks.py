@@ -22,7 +22,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_bool", "check_int", "check_real", "check_finite"]
+__all__ = ["check_bool", "check_int", "check_real", "check_finite", "check_array"]
 
 
 def _is_bool(value) -> bool:
@@ -115,3 +115,19 @@ def check_finite(name: str, array) -> np.ndarray:
         raise ValueError(f"{name} must hold only finite values; got {nans} NaN and {infs} Inf "
                          f"of {values.size} elements")
     return values
+
+
+def check_array(name: str, value, dtype, *, shape: tuple | None = None,
+                ndim: int | None = None) -> np.ndarray:
+    """``value`` unchanged if it is an ndarray of ``dtype`` (and of ``shape`` / ``ndim`` when
+    given): what a container hands to a kernel must be exactly what the kernel indexes.
+    TypeError for a non-array or another dtype, ValueError for another shape."""
+    dtype = np.dtype(dtype)
+    if not isinstance(value, np.ndarray) or value.dtype != dtype:
+        got = f"dtype {value.dtype}" if isinstance(value, np.ndarray) else type(value).__name__
+        raise TypeError(f"{name} must be a {dtype.name} ndarray; got {got}")
+    if shape is not None and value.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}; got {value.shape}")
+    if ndim is not None and value.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s); got shape {value.shape}")
+    return value
