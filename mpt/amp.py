@@ -84,6 +84,15 @@ def _named_grads(optimizer):
     return [(name, p.grad) for name, p in named if p.grad is not None]
 
 
+def _check_float32_scale(name: str, value: float) -> np.float32:
+    """``f32(value)``, which must be finite and non-zero (the scale is kept as a float32)."""
+    with np.errstate(over="ignore"):
+        scale = _F32(value)
+    if not 0 < scale < np.inf:
+        raise ValueError(f"{name} must round to a finite non-zero float32; got {value!r}")
+    return scale
+
+
 def _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval, min_scale,
                       max_scale) -> dict:
     """The scaler's settings as Python numbers, checked: every scale a finite float > 0 that
@@ -97,8 +106,8 @@ def _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval
     for name, value in (("init_scale", init_scale), ("min_scale", min_scale),
                         ("max_scale", max_scale)):
         out[name] = value = check_real(name, value, gt=0, optional=name != "init_scale")
-        if value is not None and not 0 < _F32(value) < np.inf:
-            raise ValueError(f"{name} must round to a finite non-zero float32; got {value!r}")
+        if value is not None:
+            _check_float32_scale(name, value)
     low, high = out["min_scale"], out["max_scale"]
     if low is not None and high is not None and low > high:
         raise ValueError(f"min_scale {low!r} exceeds max_scale {high!r}")
@@ -243,10 +252,7 @@ class GradScaler:
         first = next((s["first"] for s in checked if s["first"] is not None), None)
         if new_scale is not None:
             new_scale = check_real("new_scale", new_scale, gt=0)
-            if not 0 < _F32(new_scale) < np.inf:
-                raise ValueError(f"new_scale must round to a finite non-zero float32; got "
-                                 f"{new_scale!r}")
-            self._scale = _F32(new_scale)
+            self._scale = _check_float32_scale("new_scale", new_scale)
         else:
             if not checked:
                 raise ScalerUsageError("No inf checks were recorded prior to update.")
