@@ -12,11 +12,12 @@ import threading
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.autocast import autocast_op
 from mpt.formats import get_format
 from mpt.function import Function
-from mpt.functional._common import (as_index_array, check_tensor, common_format, normalize_dim,
-                                    sum_axes, work_dtype)
+from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
+                                    normalize_dim, sum_axes, work_dtype)
 from mpt.kernels.ops import (embedding_backward, layer_norm_backward_rows, layer_norm_rows,
                              log_softmax_backward_rows, rms_norm_backward_rows, rms_norm_rows,
                              softmax_backward_rows, softmax_rows)
@@ -32,7 +33,7 @@ __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "dro
 
 def _rows(x: np.ndarray, axis: int) -> np.ndarray:
     """x (work dtype) with ``axis`` moved last, as a C-contiguous (R, N) array."""
-    return np.ascontiguousarray(np.moveaxis(x, axis, -1)).reshape(-1, x.shape[axis])
+    return as_rows(np.moveaxis(x, axis, -1))
 
 
 def _unrows(y: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
@@ -243,9 +244,7 @@ _RNG = _Rng()
 
 def manual_seed(seed: int) -> None:
     """Seed the dropout generator (Philox key) and restart its per-call counter at 0."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64); got {seed!r}")
-    _RNG.seed, _RNG.counter = int(seed), 0
+    _RNG.seed, _RNG.counter = check_int("seed", seed, min=0, max=2**64 - 1), 0
 
 
 def get_rng_state() -> tuple:
