@@ -37,8 +37,19 @@ def check_bool(name: str, value) -> bool:
     return bool(value)
 
 
+def _num(v) -> str:
+    """A bound as text; large ints next to a power of two read as ``2**64 - 1``, ``-2**31``."""
+    if isinstance(v, int) and abs(v) >= 1 << 16:
+        for k in range(16, abs(v).bit_length() + 1):
+            for text, value in ((f"2**{k}", 1 << k), (f"2**{k} - 1", (1 << k) - 1)):
+                if abs(v) == value:
+                    return text if v > 0 else f"-{text}" if "-" not in text else f"-({text})"
+    return str(v)
+
+
 def _bounds(min, max, gt, lt) -> str:
     """`` >= 0``, `` in [0, 1)``, ... for the expectation text ('' when unbounded)."""
+    min, max, gt, lt = (None if v is None else _num(v) for v in (min, max, gt, lt))
     low = (f"({gt}" if gt is not None else f"[{min}") if (gt, min) != (None, None) else None
     high = (f"{lt})" if lt is not None else f"{max}]") if (lt, max) != (None, None) else None
     if low and high:
