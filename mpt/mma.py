@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt import rounding as _rounding
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
@@ -477,11 +478,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     out_name = get_format(out_format).name
     if out_name not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"out_format must be 'fp32', 'fp16' or 'bf16'; got {out_format!r}")
-    if not isinstance(split_k, (int, np.integer)) or isinstance(split_k, bool) or split_k < 1:
-        raise ValueError(f"split_k must be a positive int; got {split_k!r}")
-    if promote_every is not None and (not isinstance(promote_every, (int, np.integer))
-                                      or isinstance(promote_every, bool) or promote_every < 1):
-        raise ValueError(f"promote_every must be None or a positive int; got {promote_every!r}")
+    split_k = check_int("split_k", split_k, min=1)
+    promote_every = check_int("promote_every", promote_every, min=1, optional=True)
     scaled = scale_a is not None or scale_b is not None
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mpt._checks import check_int
 from mpt.golden import (SCHEMA_VERSION, Case, GoldenError, describe_array, load_case,
                         read_manifest, save_npz, write_json_atomic)
 from mpt.testing import assert_bits_equal, assert_ulp_close
@@ -60,8 +61,7 @@ class GoldenFixture:
             outputs = {"out": outputs}
         if not isinstance(outputs, dict) or not outputs:
             raise TypeError("outputs must be an array or a non-empty dict of name -> array")
-        if not isinstance(max_ulp, int) or isinstance(max_ulp, bool) or max_ulp < 0:
-            raise ValueError(f"max_ulp must be a non-negative int; got {max_ulp!r}")
+        max_ulp = check_int("max_ulp", max_ulp, min=0)
         case = Case(self.case_stem + (f".{_safe(name)}" if name else ""), "pytest", {},
                     {k: np.asarray(v) for k, v in (inputs or {}).items()},
                     {k: np.asarray(v) for k, v in outputs.items()}, max_ulp)

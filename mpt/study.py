@@ -56,6 +56,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mpt._checks import check_int
 from mpt._io import atomic_write_bytes
 from mpt.corpus import MarkovCorpus, TextCorpus
 from mpt.formats import get_format
@@ -104,9 +105,7 @@ class StudyConfig:
             raise ValueError("recipes must name at least one recipe")
         for name in ("steps", "d_model", "n_layers", "n_heads", "seq_len", "batch",
                      "eval_batches", "global_batch_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
         if self.global_batch_tokens < self.micro_tokens:
             raise ValueError(f"global_batch_tokens ({self.global_batch_tokens}) must be at least "
                              f"the micro-batch's {self.micro_tokens} tokens")
