@@ -67,7 +67,7 @@ class Mean(Function):
         ctx.shape, ctx.axes, ctx.n = x.shape, axes, n
         with np.errstate(invalid="ignore", divide="ignore"):
             factor = work(1) / work(n)  # PyTorch's CUDA MeanOps: sum · f32(1/n)
-        s = sum_axes(opmath(x), axes) * factor
+            s = sum_axes(opmath(x), axes) * factor      # n = 0: 0·inf = NaN, as PyTorch
         return round_to(s.reshape(_kept_shape(x.shape, axes)) if keepdim else s, fmt)
 
     @staticmethod

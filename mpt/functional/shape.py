@@ -32,7 +32,10 @@ def _readonly(out: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _shape_arg(shape, op: str) -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    return tuple(check_int(f"{op}: shape[{i}]", n) for i, n in enumerate(shape))
+    shape = tuple(check_int(f"{op}: shape[{i}]", n, min=-1) for i, n in enumerate(shape))
+    if shape.count(-1) > 1:
+        raise ValueError(f"{op}: only one dimension of shape can be -1 (inferred); got {shape}")
+    return shape
 
 
 class Reshape(Function):
