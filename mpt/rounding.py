@@ -182,7 +182,7 @@ def decode(x, dtype=np.float32):
     Oracle: ``mpt.reference.rounding.decode_exact``.
     """
     arr = np.asarray(x)
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(dtype) if dtype is not None else None  # np.dtype(None) would be float64
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64; got {dtype}")
     try:
