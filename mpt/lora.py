@@ -190,15 +190,21 @@ def apply(model: nn.Module, r: int = 8, alpha: float = 8, dropout: float = 0.0, 
     """Freeze every parameter of ``model`` and replace the targeted ``nn.Linear`` layers (in
     place, keeping their position) by :class:`LoRALinear` with the given options; adapter ``A``
     of a layer is drawn from ``(seed, "<dotted name>.lora_A")``. Returns ``model``; raises
-    ValueError when no layer matches ``targets``."""
-    for p in model.parameters():
-        p.requires_grad = False
+    ValueError when no layer matches ``targets`` (None, one name or a sequence of names)."""
+    if isinstance(targets, str):
+        targets = (targets,)                    # one name, not its characters
+    if targets is not None and not all(isinstance(t, str) for t in targets):
+        raise TypeError(f"targets must be None, a layer name or a sequence of names; got "
+                        f"{targets!r}")
     found = list(_targets(model, targets))
     if not found:
         raise ValueError(f"targets {targets!r} match no nn.Linear of the model")
-    for parent, child_name, full in found:
-        layer = LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora,
-                           base_format, compute_format, double_quant, seed, key=full)
+    layers = [LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora, base_format,
+                         compute_format, double_quant, seed, key=full)
+              for parent, child_name, full in found]        # every argument checked first
+    for p in model.parameters():
+        p.requires_grad = False
+    for (parent, child_name, _), layer in zip(found, layers):
         parent._modules[child_name] = layer
         object.__setattr__(parent, child_name, layer)
     return model

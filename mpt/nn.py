@@ -83,12 +83,15 @@ def _log(x: np.ndarray) -> np.ndarray:
 
 def _stream(key: str) -> int:
     """The Philox stream id of a parameter key (64 bits of BLAKE2b: stable across runs)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str (a parameter's dotted name); got {type(key).__name__}")
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def uniform(seed: int, key: str, n: int) -> np.ndarray:
     """``n`` float64 uniforms in ``[0, 1)``: value ``i`` is ``(w[2i] 2^21 + w[2i+1] >> 11) 2^-53``
     for the Philox words ``w`` of stream ``(seed, key)`` (53 random bits, exact)."""
+    n = check_int("n", n, min=0)
     w = random_words(seed, _stream(key), 2 * n).astype(np.uint64)  # (2n,)
     bits = (w[0::2] << np.uint64(21)) | (w[1::2] >> np.uint64(11))  # (n,) 53-bit integers
     return bits.astype(np.float64) * 2.0**-53
@@ -120,7 +123,8 @@ def gaussian(seed: int, key: str, n: int) -> np.ndarray:
 def init_normal_(param: Tensor, std: float, *, seed: int, key: str, mean: float = 0.0) -> Tensor:
     """Fill ``param`` with ``mean + std·gaussian(seed, key)`` (float64), rounded RNE to its
     format."""
-    values = mean + std * gaussian(seed, key, param.size)
+    std = check_real("std", std, min=0)
+    values = check_real("mean", mean) + std * gaussian(seed, key, param.size)
     param.copy_(values.reshape(param.shape))
     return param
 
@@ -128,7 +132,7 @@ def init_normal_(param: Tensor, std: float, *, seed: int, key: str, mean: float 
 def init_uniform_(param: Tensor, bound: float, *, seed: int, key: str) -> Tensor:
     """Fill ``param`` with ``bound·(2U - 1)``, uniform in ``[-bound, bound)`` (float64), rounded
     RNE to its format."""
-    values = bound * (2.0 * uniform(seed, key, param.size) - 1.0)
+    values = check_real("bound", bound, min=0) * (2.0 * uniform(seed, key, param.size) - 1.0)
     param.copy_(values.reshape(param.shape))
     return param
 

@@ -188,9 +188,10 @@ class Optimizer:
     def step(self, closure=None, *, inv_scale=None):
         """One update of every parameter that has a gradient; returns ``closure()`` if given.
 
-        ``inv_scale``: a float32 factor applied to every gradient element first (loss scaling),
-        None for none. Non-finite gradients are not checked here (GradScaler skips the step).
+        ``inv_scale``: a float32 factor > 0 applied to every gradient element first (loss
+        scaling; +inf once a scale has collapsed to 0, NaN refused), None for none. Non-finite gradients are not checked here (GradScaler skips the step).
         """
+        inv_scale = check_real("inv_scale", inv_scale, gt=0, finite=False, optional=True)
         loss = closure() if closure is not None else None
         inv = None if inv_scale is None else _F32(inv_scale)
         self._steps += 1

@@ -241,6 +241,9 @@ class PerChannelMinMaxObserver(MinMaxObserver):
         self.max_val = np.empty(0, np.float32)
 
     def _current(self, x: np.ndarray):
+        if not -x.ndim <= self.ch_axis < x.ndim:
+            raise ValueError(f"ch_axis {self.ch_axis} is out of range for an input of shape "
+                             f"{x.shape}")
         rows = np.moveaxis(x, self.ch_axis, 0).reshape(x.shape[self.ch_axis], -1)  # (C, rest)
         return rows.min(axis=1), rows.max(axis=1)
 
@@ -620,6 +623,9 @@ def int8_quantize_per_channel(w, axis: int = 0) -> Int8Weight:
     w = np.asarray(w)
     if w.dtype != np.float32:
         raise TypeError(f"w must be float32; got {w.dtype}")
+    if w.ndim == 0:
+        raise ValueError("w must have at least one dimension (the channel axis)")
+    axis = check_int("axis", axis, min=-w.ndim, max=w.ndim - 1)
     obs = PerChannelMinMaxObserver(ch_axis=axis, dtype="qint8", qscheme="per_channel_symmetric")
     obs(w)
     scale, zp = obs.calculate_qparams()
