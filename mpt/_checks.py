@@ -106,7 +106,7 @@ def check_real(name: str, value, *, min=None, max=None, gt=None, lt=None, finite
     try:
         x = float(value)
     except OverflowError:                               # an int beyond float64's range
-        x = math.copysign(math.inf, value)
+        x = math.inf if value > 0 else -math.inf
     bad = (math.isnan(x) or (finite and math.isinf(x))
            or (min is not None and not x >= min) or (max is not None and not x <= max)
            or (gt is not None and not x > gt) or (lt is not None and not x < lt))

@@ -94,23 +94,28 @@ def _check_float32_scale(name: str, value: float) -> np.float32:
 
 
 def _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval, min_scale,
-                      max_scale) -> dict:
+                      max_scale, *, in_state_dict: bool = False) -> dict:
     """The scaler's settings as Python numbers, checked: every scale a finite float > 0 that
     stays finite and non-zero in float32 (the scale is a float32), ``growth_factor`` > 1,
     ``backoff_factor`` in (0, 1), ``growth_interval`` a positive int32, ``min_scale <=
-    max_scale``."""
-    out = dict(growth_factor=check_real("growth_factor", growth_factor, gt=1),
-               backoff_factor=check_real("backoff_factor", backoff_factor, gt=0, lt=1),
-               growth_interval=check_int("growth_interval", growth_interval, min=1,
+    max_scale``. ``in_state_dict``: name the fields as :meth:`GradScaler.state_dict` keys."""
+    def label(name):
+        key = "scale" if name == "init_scale" else name
+        return f"state_dict[{key!r}]" if in_state_dict else name
+
+    out = dict(growth_factor=check_real(label("growth_factor"), growth_factor, gt=1),
+               backoff_factor=check_real(label("backoff_factor"), backoff_factor, gt=0, lt=1),
+               growth_interval=check_int(label("growth_interval"), growth_interval, min=1,
                                          max=2**31 - 1))
     for name, value in (("init_scale", init_scale), ("min_scale", min_scale),
                         ("max_scale", max_scale)):
-        out[name] = value = check_real(name, value, gt=0, optional=name != "init_scale")
+        value = check_real(label(name), value, gt=0, optional=name != "init_scale")
         if value is not None:
-            _check_float32_scale(name, value)
+            _check_float32_scale(label(name), value)
+        out[name] = value
     low, high = out["min_scale"], out["max_scale"]
     if low is not None and high is not None and low > high:
-        raise ValueError(f"min_scale {low!r} exceeds max_scale {high!r}")
+        raise ValueError(f"{label('min_scale')} {low!r} exceeds {label('max_scale')} {high!r}")
     return out
 
 
@@ -325,7 +330,8 @@ class GradScaler:
             raise ValueError(f"state_dict lacks {', '.join(map(repr, missing))}")
         settings = _checked_settings(state_dict["scale"], state_dict["growth_factor"],
                                      state_dict["backoff_factor"], state_dict["growth_interval"],
-                                     state_dict.get("min_scale"), state_dict.get("max_scale"))
+                                     state_dict.get("min_scale"), state_dict.get("max_scale"),
+                                     in_state_dict=True)
         tracker = check_int("state_dict['_growth_tracker']", state_dict["_growth_tracker"],
                             min=0, max=settings["growth_interval"] - 1)
         updates = check_int("state_dict['updates']", state_dict.get("updates", 0), min=0)
