@@ -40,7 +40,7 @@ from mpt.tensor import opmath
 
 __all__ = [
     "DelayedScaling", "DelayedScalingState", "Fp8Array", "quantize", "current_scale",
-    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS",
+    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS", "check_scale",
 ]
 
 _F32 = np.float32
@@ -67,7 +67,7 @@ def _fp8_format(fmt, name="fmt") -> Format:
     return fmt
 
 
-def _checked_scale(name: str, scale) -> np.float32:
+def check_scale(name: str, scale) -> np.float32:
     """A multiplying scale as float32: a finite real > 0 whose float32 value and reciprocal are
     finite and non-zero (else ``scale_inv`` would be Inf or the codes all zero)."""
     value = check_real(name, scale, gt=0)
@@ -117,7 +117,7 @@ def quantize(x, fmt, scale) -> Fp8Array:
     ``fmt``: an FP8 format; ``scale``: a real > 0, rounded to float32, whose float32 value and
     reciprocal are finite and non-zero (a zero, negative, NaN or Inf scale is refused)."""
     fmt = _fp8_format(fmt)
-    scale = _checked_scale("scale", scale)
+    scale = check_scale("scale", scale)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = _as_f32(x) * scale                                    # rounded to float32 once
         scale_inv = _F32(1) / scale
@@ -218,7 +218,7 @@ class DelayedScalingState:
         scale = np.asarray(state["scale"])
         if scale.dtype != np.float32 or scale.size != 1:
             raise ValueError(f"scale must be one float32 value; got {scale.dtype} {scale.shape}")
-        self.scale = _checked_scale("scale", float(scale.reshape(())))
+        self.scale = check_scale("scale", float(scale.reshape(())))
         self.amax_history = history.copy()
 
 

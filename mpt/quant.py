@@ -51,6 +51,7 @@ import mpt.functional as F
 from mpt import nn
 from mpt._checks import check_array, check_bool, check_finite, check_int, check_real
 from mpt.formats import get_format
+from mpt.fp8 import check_scale
 from mpt.function import Function
 from mpt.kernels import quant as K
 from mpt.rounding import round as round_format
@@ -406,14 +407,12 @@ def fake_quantize_fp8(x: Tensor, format="e4m3", scale=1.0) -> Tensor:
     (overflow and ±Inf clamp to ±max; NaN stays NaN). Straight-through gradient masked where
     ``|x·s| > max`` (the saturated elements), as the integer fake quantizers mask their clamp.
     ``format``: any FP8 format (``e4m3``, ``e5m2``, fnuz variants); ``scale`` a positive float
-    (rounded to float32). Output in ``x``'s format."""
+    (rounded to float32, whose reciprocal must be finite: :func:`mpt.fp8.check_scale`). Output in
+    ``x``'s format."""
     fmt = get_format(format)
     if fmt.kind != "float" or fmt.bits != 8:
         raise ValueError(f"format must be an FP8 format; got {fmt.name}")
-    s = np.float32(scale)
-    if not (np.isfinite(s) and s > 0):
-        raise ValueError(f"scale must be finite and > 0; got {scale}")
-    return _FakeQuantizeFP8.apply(x, fmt, s)
+    return _FakeQuantizeFP8.apply(x, fmt, check_scale("scale", scale))
 
 
 # ---- codebooks: NF4 and the 8-bit dynamic map ----------------------------------------------------

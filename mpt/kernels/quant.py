@@ -56,7 +56,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from mpt._checks import check_int
+from mpt._checks import check_int, check_real
 from mpt.kernels.fma import fma32
 
 __all__ = [
@@ -395,9 +395,7 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
     ``QuantizeMultiplier``): ``m = f·2^shift`` with ``f ∈ [1/2, 1)`` (``frexp``, exact), ``M0 =
     round_half_away(f·2^31)`` (exact in float64), renormalised when it rounds up to 2^31. Relative
     error ``|M0·2^(shift−31) − m| <= 2^-32·2^shift <= 2^-31·m``."""
-    m = float(m)
-    if not (math.isfinite(m) and m > 0):
-        raise ValueError(f"multiplier must be finite and > 0; got {m!r}")
+    m = check_real("multiplier", m, gt=0)
     f, shift = math.frexp(m)
     m0 = math.floor(f * 2.0**31 + 0.5)
     if m0 == 2**31:
