@@ -23,6 +23,7 @@ from mpt import quant as Q
 from mpt._checks import check_bool, check_finite, check_int, check_real
 from mpt.cli import main
 from mpt.kernels import quant as KQ
+from mpt.linears import Fp8Linear
 from mpt.training import TrainConfig, Trainer, learning_rate
 
 NAN, INF = math.nan, math.inf
@@ -157,6 +158,10 @@ BAD = [
      r"fraction_bits must be None or an int in \[0, 25\]; got 40"),
     ("mma-config-e-zero", lambda: _mma_config(outputs=(("fp32", "rz_fp32", -100),)), ValueError,
      r"e_zero of output fp32 must be None or an int in \[-300, -127\]"),
+    ("fp8linear-split", lambda: Fp8Linear(nn.Linear(4, 4), split_accumulator=(1, 0, 0)),
+     TypeError, r"split_accumulator\[0\] must be a bool"),
+    ("fp8linear-model", lambda: Fp8Linear(nn.Linear(4, 4), model="pentium"), ValueError,
+     "unknown MMA model 'pentium'"),
     ("mma-model-kind", lambda: mpt.MMAModel("m", "blocky", "", (_mma_config(),)), ValueError,
      "kind must be one of 'block'"),
     # ---- optimizers --------------------------------------------------------------------------
