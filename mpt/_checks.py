@@ -3,7 +3,8 @@
 Each check either returns the value as a plain Python ``bool``/``int``/``float`` (so the caller
 stores exactly what was checked) or raises:
 
-* ``TypeError`` when the value has the wrong type: ``"lr must be a real number; got str"``;
+* ``TypeError`` when the value has the wrong type:
+  ``"lr must be a finite real number >= 0; got str '0.1'"``;
 * ``ValueError`` when it has the right type but lies outside the range:
   ``"lr must be a finite real number >= 0; got nan"``.
 
@@ -39,12 +40,16 @@ def check_bool(name: str, value) -> bool:
 
 def _num(v) -> str:
     """A bound as text; large ints next to a power of two read as ``2**64 - 1``, ``-2**31``."""
-    if isinstance(v, int) and abs(v) >= 1 << 16:
-        for k in range(16, abs(v).bit_length() + 1):
-            for text, value in ((f"2**{k}", 1 << k), (f"2**{k} - 1", (1 << k) - 1)):
-                if abs(v) == value:
-                    return text if v > 0 else f"-{text}" if "-" not in text else f"-({text})"
-    return str(v)
+    a = abs(v)
+    if not isinstance(v, int) or a < 1 << 16:
+        return str(v)
+    if a & (a - 1) == 0:
+        text = f"2**{a.bit_length() - 1}"
+    elif (a + 1) & a == 0:
+        text = f"2**{a.bit_length()} - 1"
+    else:
+        return str(v)
+    return text if v > 0 else f"-{text}" if " " not in text else f"-({text})"
 
 
 def _bounds(min, max, gt, lt) -> str:

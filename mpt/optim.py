@@ -149,13 +149,15 @@ class Optimizer:
         names = [n for n, _ in items] if items and all(named) else None
         params = [p for _, p in items] if names is not None else items
         seen = {id(p) for g in self.param_groups for p in g["params"]}
+        mine = set()
         for j, p in enumerate(params):
             _check_param(p, "params")
             if id(p) in seen:
                 raise ValueError("params: some parameters appear in more than one parameter group")
-            if any(q is p for q in params[:j]):
+            if id(p) in mine:
                 raise ValueError(f"params: parameter {j} of the group is listed twice (it would "
                                  "be updated twice per step)")
+            mine.add(id(p))
         new = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}}
         new["params"] = params
         if names is not None:
@@ -189,7 +191,8 @@ class Optimizer:
         """One update of every parameter that has a gradient; returns ``closure()`` if given.
 
         ``inv_scale``: a float32 factor > 0 applied to every gradient element first (loss
-        scaling; +inf once a scale has collapsed to 0, NaN refused), None for none. Non-finite gradients are not checked here (GradScaler skips the step).
+        scaling; +inf once a scale has collapsed to 0, NaN refused), None for none. Non-finite
+        gradients are not checked here (GradScaler skips the step).
         """
         inv_scale = check_real("inv_scale", inv_scale, gt=0, finite=False, optional=True)
         loss = closure() if closure is not None else None
