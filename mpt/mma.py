@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpt import rounding as _rounding
+from mpt._checks import check_int
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
@@ -59,6 +60,30 @@ class MMAConfig:
     fraction_bits: int | None
     outputs: tuple[tuple[str, str, int | None], ...]
 
+    def __post_init__(self):
+        """Check what the kernels rely on (a hand-built config reaches them unchanged): input
+        formats known by their canonical names, ``block`` None or in [1, 32] and
+        ``fraction_bits`` None or in [0, 25] (the range where the block model's float64
+        arithmetic is exact, mpt.kernels.mma), outputs ``(fp32|fp16, rounding, e_zero)`` with
+        ``e_zero`` None or an int in [-300, emin of the output) (a zero term must weigh less than
+        any non-zero accumulator)."""
+        if not isinstance(self.inputs, tuple) or not self.inputs or \
+                any(get_format(f).name != f or get_format(f).kind != "float" for f in self.inputs):
+            raise ValueError(f"inputs must be a non-empty tuple of float format names; got "
+                             f"{self.inputs!r}")
+        check_int("block", self.block, min=1, max=32, optional=True)
+        check_int("fraction_bits", self.fraction_bits, min=0, max=25, optional=True)
+        if not isinstance(self.outputs, tuple) or not self.outputs:
+            raise ValueError(f"outputs must be a non-empty tuple of (format, rounding, e_zero); "
+                             f"got {self.outputs!r}")
+        for out in self.outputs:
+            if not isinstance(out, tuple) or len(out) != 3 or out[0] not in ("fp32", "fp16") \
+                    or out[1] not in _ROUNDINGS:
+                raise ValueError(f"each output must be ('fp32' or 'fp16', one of "
+                                 f"{', '.join(_ROUNDINGS)}, e_zero); got {out!r}")
+            check_int(f"e_zero of output {out[0]}", out[2], min=-300,
+                      max=get_format(out[0]).emin - 1, optional=True)
+
     def output(self, out_format: str) -> tuple[str, int | None]:
         """(rounding, e_zero) for an output format; ValueError naming the supported ones."""
         for name, rounding, e_zero in self.outputs:
@@ -79,6 +104,32 @@ class MMAModel:
     description: str
     configs: tuple[MMAConfig, ...]
     aliases: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        """A named kind with its configs' parameters: ``block`` and ``fraction_bits`` set (and
+        ``e_zero`` on every output) for "block", ``block`` None for "exact", 1 for the IEEE
+        kinds."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty str; got {self.name!r}")
+        want = {"block": "an int", "exact": None, "ieee_fma": 1, "ieee_mul_add": 1}
+        if self.kind not in want:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, want))}; got "
+                             f"{self.kind!r}")
+        if not isinstance(self.configs, tuple) or not self.configs or \
+                not all(isinstance(c, MMAConfig) for c in self.configs):
+            raise TypeError(f"configs must be a non-empty tuple of MMAConfig; got "
+                            f"{self.configs!r}")
+        for cfg in self.configs:
+            block_ok = cfg.block is not None and cfg.fraction_bits is not None and \
+                all(e is not None for _, _, e in cfg.outputs) if self.kind == "block" else \
+                cfg.block == want[self.kind]
+            if not block_ok:
+                raise ValueError(f"a {self.kind!r} model needs block = {want[self.kind]}"
+                                 + (", fraction_bits and every e_zero" if self.kind == "block"
+                                    else "") + f"; config {cfg.inputs} has block={cfg.block}, "
+                                 f"fraction_bits={cfg.fraction_bits}")
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
+            raise TypeError(f"aliases must be a tuple of str; got {self.aliases!r}")
 
     @property
     def input_formats(self) -> tuple[str, ...]:
@@ -477,11 +528,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     out_name = get_format(out_format).name
     if out_name not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"out_format must be 'fp32', 'fp16' or 'bf16'; got {out_format!r}")
-    if not isinstance(split_k, (int, np.integer)) or isinstance(split_k, bool) or split_k < 1:
-        raise ValueError(f"split_k must be a positive int; got {split_k!r}")
-    if promote_every is not None and (not isinstance(promote_every, (int, np.integer))
-                                      or isinstance(promote_every, bool) or promote_every < 1):
-        raise ValueError(f"promote_every must be None or a positive int; got {promote_every!r}")
+    split_k = check_int("split_k", split_k, min=1)
+    promote_every = check_int("promote_every", promote_every, min=1, optional=True)
     scaled = scale_a is not None or scale_b is not None
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "

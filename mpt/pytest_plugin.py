@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mpt._checks import check_int
 from mpt.golden import (ARRAY_NAME, FIXTURE_KIND, MANIFEST, Case, GoldenError, build_manifest,
                         load_case, read_manifest, suite_digest, write_case, write_manifest)
 from mpt.testing import assert_bits_equal, assert_ulp_close
@@ -62,8 +63,7 @@ class GoldenFixture:
             outputs = {"out": outputs}
         if not isinstance(outputs, dict) or not outputs:
             raise TypeError("outputs must be an array or a non-empty dict of name -> array")
-        if not isinstance(max_ulp, int) or isinstance(max_ulp, bool) or max_ulp < 0:
-            raise ValueError(f"max_ulp must be a non-negative int; got {max_ulp!r}")
+        max_ulp = check_int("max_ulp", max_ulp, min=0)
         for role, arrays in (("outputs", outputs), ("inputs", inputs or {})):
             bad = [k for k in arrays
                    if not isinstance(k, str) or not ARRAY_NAME.fullmatch(k) or ".." in k]

@@ -34,6 +34,7 @@ import weakref
 
 import numpy as np
 
+from mpt._checks import check_bool
 from mpt.formats import Format, get_format
 from mpt.memory import record_grad
 from mpt.rounding import round as _round
@@ -157,7 +158,7 @@ class Tensor:
                             f"{np.dtype(fmt.dtype).name}; use mpt.tensor(x, {fmt.name!r}) to round")
         self._data = data
         self.format = fmt
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = check_bool("requires_grad", requires_grad)
         self._grad = None
         self._node = None          # the Context of the op that made this tensor (None: leaf)
         self._version = 0
@@ -250,7 +251,7 @@ class Tensor:
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         if not self.is_leaf and not requires_grad:
             raise RuntimeError("requires_grad can only be cleared on a leaf; use detach()")
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = check_bool("requires_grad", requires_grad)
         return self
 
     def retain_grad(self) -> None:

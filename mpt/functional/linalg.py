@@ -25,7 +25,7 @@ import numpy as np
 
 from mpt.autocast import autocast_op, current_model
 from mpt.function import Function
-from mpt.functional._common import check_tensor, common_format, sum_axes, unbroadcast
+from mpt.functional._common import as_rows, check_tensor, common_format, sum_axes, unbroadcast
 from mpt.kernels.ops import matmul_f64
 from mpt.mma import gemm as _mma_gemm
 from mpt.tensor import opmath, round_to
@@ -65,7 +65,7 @@ class Linear(Function):
     @staticmethod
     def forward(ctx, x, w, b, fmt):
         ctx.model = current_model()
-        x2 = x.reshape(-1, x.shape[-1])                                   # (M, in)
+        x2 = as_rows(x)                                                   # (M, in)
         acc = gemm(x2, _t(w), fmt, ctx.model)                                        # (M, out)
         if b is not None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -78,10 +78,10 @@ class Linear(Function):
     def backward(ctx, g):
         x, w = ctx.saved
         fmt = ctx.out_format
-        g2 = g.reshape(-1, g.shape[-1])                                   # (M, out)
+        g2 = as_rows(g)                                                   # (M, out)
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dx = gemm(g2, w, fmt, ctx.model).reshape(ctx.x_shape) if need_x else None   # (M, in)
-        x2 = x.reshape(-1, x.shape[-1])                                   # (M, in)
+        x2 = as_rows(x)                                                   # (M, in)
         dw = gemm(_t(g2), x2, fmt, ctx.model) if need_w else None        # (out, in)
         db = sum_axes(opmath(g2), (0,)) if need_b else None              # (out,)
         return dx, dw, db, None
