@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import mpt.functional  # noqa: F401  (registers the Tensor operators used by scale())
+from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format
 from mpt.tensor import Tensor, opmath, round_to
 
@@ -83,6 +84,41 @@ def _named_grads(optimizer):
     return [(name, p.grad) for name, p in named if p.grad is not None]
 
 
+def _check_float32_scale(name: str, value: float) -> np.float32:
+    """``f32(value)``, which must be finite and non-zero (the scale is kept as a float32)."""
+    with np.errstate(over="ignore"):
+        scale = _F32(value)
+    if not 0 < scale < np.inf:
+        raise ValueError(f"{name} must round to a finite non-zero float32; got {value!r}")
+    return scale
+
+
+def _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval, min_scale,
+                      max_scale, *, in_state_dict: bool = False) -> dict:
+    """The scaler's settings as Python numbers, checked: every scale a finite float > 0 that
+    stays finite and non-zero in float32 (the scale is a float32), ``growth_factor`` > 1,
+    ``backoff_factor`` in (0, 1), ``growth_interval`` a positive int32, ``min_scale <=
+    max_scale``. ``in_state_dict``: name the fields as :meth:`GradScaler.state_dict` keys."""
+    def label(name):
+        key = "scale" if name == "init_scale" else name
+        return f"state_dict[{key!r}]" if in_state_dict else name
+
+    out = dict(growth_factor=check_real(label("growth_factor"), growth_factor, gt=1),
+               backoff_factor=check_real(label("backoff_factor"), backoff_factor, gt=0, lt=1),
+               growth_interval=check_int(label("growth_interval"), growth_interval, min=1,
+                                         max=2**31 - 1))
+    for name, value in (("init_scale", init_scale), ("min_scale", min_scale),
+                        ("max_scale", max_scale)):
+        value = check_real(label(name), value, gt=0, optional=name != "init_scale")
+        if value is not None:
+            _check_float32_scale(label(name), value)
+        out[name] = value
+    low, high = out["min_scale"], out["max_scale"]
+    if low is not None and high is not None and low > high:
+        raise ValueError(f"{label('min_scale')} {low!r} exceeds {label('max_scale')} {high!r}")
+    return out
+
+
 def _first_non_finite(named_grads):
     """(number of gradients holding a non-finite value, name of the first), read-only."""
     count, first = 0, None
@@ -99,30 +135,20 @@ class GradScaler:
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True, *, min_scale=None, max_scale=None,
                  record=False):
-        if not growth_factor > 1.0:
-            raise ValueError(f"growth_factor must be > 1.0; got {growth_factor!r}")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"backoff_factor must be in (0, 1); got {backoff_factor!r}")
-        if not isinstance(growth_interval, (int, np.integer)) or not 0 < growth_interval < 2**31:
-            raise ValueError(f"growth_interval must be a positive int32; got {growth_interval!r}")
-        for name, value in (("init_scale", init_scale), ("min_scale", min_scale),
-                            ("max_scale", max_scale)):
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be > 0; got {value!r}")
-        if min_scale is not None and max_scale is not None and min_scale > max_scale:
-            raise ValueError(f"min_scale {min_scale!r} exceeds max_scale {max_scale!r}")
-        self._enabled = bool(enabled)
-        self._init_scale = float(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
-        self._min_scale = min_scale
-        self._max_scale = max_scale
+        settings = _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval,
+                                     min_scale, max_scale)
+        self._enabled = check_bool("enabled", enabled)
+        self._init_scale = settings["init_scale"]
+        self._growth_factor = settings["growth_factor"]
+        self._backoff_factor = settings["backoff_factor"]
+        self._growth_interval = settings["growth_interval"]
+        self._min_scale = settings["min_scale"]
+        self._max_scale = settings["max_scale"]
         self._scale: np.float32 | None = None
         self._growth_tracker = np.int32(0)
         self._per_optimizer: dict = {}
         self._updates = 0
-        self.records: list[ScaleRecord] | None = [] if record else None
+        self.records: list[ScaleRecord] | None = [] if check_bool("record", record) else None
 
     # ---- queries ---------------------------------------------------------------------------
     def is_enabled(self) -> bool:
@@ -230,9 +256,8 @@ class GradScaler:
         found = sum(s["found_inf"] for s in checked)
         first = next((s["first"] for s in checked if s["first"] is not None), None)
         if new_scale is not None:
-            if not isinstance(new_scale, (int, float, np.floating)):
-                raise TypeError(f"new_scale must be a float; got {type(new_scale).__name__}")
-            self._scale = _F32(new_scale)
+            new_scale = check_real("new_scale", new_scale, gt=0)
+            self._scale = _check_float32_scale("new_scale", new_scale)
         else:
             if not checked:
                 raise ScalerUsageError("No inf checks were recorded prior to update.")
@@ -289,23 +314,46 @@ class GradScaler:
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what :meth:`state_dict` saved. Every field is checked first (presence, type and
+        the constructor's ranges; ``_growth_tracker`` in [0, growth_interval)); nothing changes
+        unless all pass (``ValueError``/``TypeError`` naming the field)."""
         if not self._enabled:
             return
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict; got {type(state_dict).__name__}")
         if len(state_dict) == 0:
             raise RuntimeError("The source state dict is empty, possibly because it was saved "
                                "from a disabled instance of GradScaler.")
-        self._init_scale = float(state_dict["scale"])
+        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval",
+                               "_growth_tracker") if k not in state_dict]
+        if missing:
+            raise ValueError(f"state_dict lacks {', '.join(map(repr, missing))}")
+        settings = _checked_settings(state_dict["scale"], state_dict["growth_factor"],
+                                     state_dict["backoff_factor"], state_dict["growth_interval"],
+                                     state_dict.get("min_scale"), state_dict.get("max_scale"),
+                                     in_state_dict=True)
+        tracker = check_int("state_dict['_growth_tracker']", state_dict["_growth_tracker"],
+                            min=0, max=settings["growth_interval"] - 1)
+        updates = check_int("state_dict['updates']", state_dict.get("updates", 0), min=0)
+        records = None
+        if "records" in state_dict:
+            try:
+                records = [ScaleRecord(**r) for r in state_dict["records"]]
+            except TypeError as exc:
+                raise ValueError(f"state_dict['records'] must be ScaleRecord dicts: {exc}") \
+                    from None
+        self._init_scale = settings["init_scale"]
         if self._scale is not None:
             self._scale = _F32(self._init_scale)
-        self._growth_factor = float(state_dict["growth_factor"])
-        self._backoff_factor = float(state_dict["backoff_factor"])
-        self._growth_interval = int(state_dict["growth_interval"])
-        self._growth_tracker = np.int32(state_dict["_growth_tracker"])
-        self._min_scale = state_dict.get("min_scale")
-        self._max_scale = state_dict.get("max_scale")
-        self._updates = int(state_dict.get("updates", 0))
-        if "records" in state_dict:
-            self.records = [ScaleRecord(**r) for r in state_dict["records"]]
+        self._growth_factor = settings["growth_factor"]
+        self._backoff_factor = settings["backoff_factor"]
+        self._growth_interval = settings["growth_interval"]
+        self._growth_tracker = np.int32(tracker)
+        self._min_scale = settings["min_scale"]
+        self._max_scale = settings["max_scale"]
+        self._updates = updates
+        if records is not None:
+            self.records = records
 
 
 class StaticLossScale(GradScaler):

@@ -35,9 +35,11 @@ import contextlib
 import dataclasses
 import functools
 
+from mpt._checks import check_bool
 from mpt.autograd.context import State
 from mpt.formats import Format, get_format
 from mpt.function import Function
+from mpt.engines import get_mma_model
 from mpt.tensor import Tensor, is_grad_enabled
 
 __all__ = [
@@ -106,8 +108,10 @@ def _state(new: AutocastState):
 
 
 def _check_model(model) -> str:
+    """A matmul model name, checked now (an unknown one would fail at the first GEMM)."""
     if not isinstance(model, str) or not model:
         raise TypeError(f"model must be a matmul model name (str); got {model!r}")
+    get_mma_model(model)
     return model
 
 
@@ -118,9 +122,10 @@ def autocast(dtype="fp16", model: str = "hopper", enabled: bool = True, cache_en
     fmt = get_format(dtype)
     if fmt not in _LOWER:
         raise ValueError(f"autocast dtype must be 'fp16' or 'bf16'; got {fmt.name!r}")
-    if not enabled:
+    cache_enabled = check_bool("cache_enabled", cache_enabled)
+    if not check_bool("enabled", enabled):
         return _state(dataclasses.replace(AUTOCAST.get(), enabled=False, dtype=None))
-    return _state(AutocastState(True, fmt, _check_model(model), bool(cache_enabled)))
+    return _state(AutocastState(True, fmt, _check_model(model), cache_enabled))
 
 
 def matmul_model(name: str):

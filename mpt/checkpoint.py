@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.autograd import context
 from mpt.function import Function
 from mpt.functional.nn_ops import RNG
@@ -98,10 +99,7 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True) -> Tensor:
 def segment_sizes(n: int, segments: int) -> list:
     """``n`` modules in ``segments`` consecutive runs as equal as possible (the first ones take
     the extra module): 8 in 3 -> [3, 3, 2]."""
-    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or \
-            not 1 <= segments:
-        raise ValueError(f"segments must be a positive int; got {segments!r}")
-    segments = min(int(segments), max(n, 1))
+    segments = min(check_int("segments", segments, min=1), max(n, 1))
     return [n // segments + (i < n % segments) for i in range(segments)]
 
 

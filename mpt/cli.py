@@ -4,9 +4,10 @@
     mpt round X [X ...] [--to F ...] [--mode M] [--saturate] [--seed S] [--json]
                                            round numbers to formats, show values, bits and errors
     mpt demo                               the default workload: the table and a rounding tour
-    mpt golden generate [--suite S] [--out DIR] [--seed N]
+    mpt golden generate [--suite S] [--out DIR] [--seed N] [--force]
     mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
     mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
+                      [--expect-digest HEX]
     mpt golden run-torch --golden DIR --outputs DIR [--device cpu|cuda]
                                            the same cases through PyTorch (optional dependency)
     mpt study [--recipes R ...] [--steps N] [--text FILE] [--out DIR] [--seed S] [--no-plots]
@@ -15,11 +16,19 @@
     mpt plan [--recipe R] [--vocab V] [--d-model D] [--layers L] [--heads H] [--seq S]
              [--batch B] [--checkpoint K] [--backend flash|naive]
                                            training memory per role for a GPT shape and recipe
+
+``python -m mpt ...`` runs the same command. Numbers may be negative (``mpt round -inf -2.5
+-0x1p-3``): an argument that reads as a number is a value, never an option.
+
+Exit status: 0 success; 1 a check ran and failed (``golden verify`` found mismatches); 2 bad
+input — a usage error (argparse) or a value, file or folder the command cannot use. Errors are
+one line on stderr (``mpt COMMAND: error: ...``), never a Python traceback; 130 on Ctrl-C.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from fractions import Fraction
@@ -55,14 +64,39 @@ def format_table() -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
 def _parse_value(text: str) -> float:
-    """A decimal, hex float (0x1.8p-3) or fraction (1/3), converted to the nearest float64."""
+    """A decimal, hex float (0x1.8p-3) or fraction (1/3), converted to the nearest float64
+    (±inf beyond its range, in all three notations, as ``float("1e999")`` gives)."""
     try:
         if text.lower().lstrip("+-").startswith("0x"):
             return float.fromhex(text)
         return float(Fraction(text)) if "/" in text else float(text)
+    except OverflowError:
+        return -math.inf if text.lstrip().startswith("-") else math.inf
     except (ValueError, ZeroDivisionError):
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        _parse_value(text)
+    except argparse.ArgumentTypeError:
+        return False
+    return True
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one change: an argument that reads as a number (``-inf``, ``-2.5``,
+    ``-0x1p-3``, ``-1/3``) is a value, never an option (argparse only knows ``-2.5``-like ones).
+    No option of mpt looks like a number, so nothing is lost."""
+
+    def _parse_optional(self, arg_string):
+        if arg_string.startswith("-") and _is_number(arg_string):
+            return None
+        return super()._parse_optional(arg_string)
 
 
 def round_rows(values, formats, mode="nearest_even", *, saturate=False, seed=None):
@@ -79,7 +113,7 @@ def round_rows(values, formats, mode="nearest_even", *, saturate=False, seed=Non
         bits = as_bits(y, fmt)
         width = max(1, (fmt.bits + 3) // 4)
         for v, r, b in zip(x.tolist(), back.tolist(), bits.tolist()):
-            err = (r - v) / v if v != 0 and np.isfinite(r) else float("nan")
+            err = ((r - v) / v if r != v else 0.0) if v != 0 and np.isfinite(r) else float("nan")
             rows.append({"input": v, "format": fmt.name, "value": r,
                          "bits": f"0x{int(b):0{width}x}", "relative_error": err})
     return rows
@@ -125,9 +159,11 @@ def _cmd_golden(args) -> int:
     from mpt import golden
 
     if args.action == "generate":
+        golden.check_target(args.out, force=args.force)     # refuse before computing the cases
         cases = golden.generate(args.suite, seed=args.seed)
-        out = golden.write_suite(cases, args.out, suite=args.suite)
+        out = golden.write_suite(cases, args.out, suite=args.suite, force=args.force)
         print(f"wrote {len(cases)} cases of suite {args.suite!r} to {out}")
+        print(f"suite digest: {golden.read_manifest(out)['digest']}")
         return 0
     if args.action == "run":
         out = golden.run_mpt(args.golden, args.outputs)
@@ -144,8 +180,11 @@ def _cmd_golden(args) -> int:
         print(f"wrote PyTorch's outputs for {written} cases to {out} ({skipped} cases it cannot "
               "express skipped: verify with --allow-missing)")
         return 0
-    rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing)
+    rows = golden.verify(args.golden, args.outputs, allow_missing=args.allow_missing,
+                         expect_digest=args.expect_digest)
     print(golden.format_report(rows))
+    print(f"suite digest: {golden.read_manifest(args.golden)['digest']}"
+          + (" (as expected)" if args.expect_digest else ""))
     if args.report:
         golden.write_json_atomic(args.report, rows)
     return 0 if golden.passed(rows) else 1
@@ -156,8 +195,11 @@ def _add_golden(sub) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     g = actions.add_parser("generate", help="compute a suite of golden cases with mpt")
     g.add_argument("--suite", default="default")
-    g.add_argument("--out", default="reference_results/default", metavar="DIR")
+    g.add_argument("--out", default="reference_results/default", metavar="DIR",
+                   help="a new or empty folder, or one holding a suite (with --force)")
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--force", action="store_true",
+                   help="replace the golden suite already in --out (only its own files)")
     r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
     v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
     t = actions.add_parser("run-torch", help="run a golden suite's inputs through PyTorch")
@@ -168,6 +210,8 @@ def _add_golden(sub) -> None:
     v.add_argument("--report", metavar="FILE", help="also write the table as JSON")
     v.add_argument("--allow-missing", action="store_true",
                    help="cases without an output file are skipped, not failed")
+    v.add_argument("--expect-digest", metavar="HEX",
+                   help="fail unless the suite's digest (printed by verify and generate) is HEX")
     p.set_defaults(func=_cmd_golden)
 
 
@@ -178,6 +222,7 @@ def _cmd_study(args) -> int:
              "target": args.target}
     config = study.StudyConfig(quant=not args.no_quant,
                                **{k: v for k, v in given.items() if v is not None})
+    os.makedirs(args.out, exist_ok=True)    # an unusable --out fails now, not after the runs
     result = study.run_study(config, progress=not args.quiet)
     print(study.format_table(result))
     if result.quant is not None:
@@ -239,8 +284,10 @@ def _add_plan(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mpt", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser = _Parser(prog="mpt", description=__doc__.split("\n")[0],
+                     epilog="Exit status: 0 success, 1 a check failed (golden verify), 2 bad "
+                            "input (one line on stderr, no traceback), 130 interrupted.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     p = sub.add_parser("formats", help="print the format table")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_formats)
@@ -273,9 +320,12 @@ def main(argv=None) -> int:
         return 0
     try:
         return args.func(args)
-    except (ValueError, TypeError, OSError) as exc:  # bad input: one clear line, no traceback
+    except (ValueError, TypeError, OSError, ArithmeticError) as exc:  # bad input: one line
         print(f"mpt {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"mpt {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -29,19 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.nn import uniform
 
 __all__ = ["MarkovCorpus", "TextCorpus"]
 
 
-def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}; got {value!r}")
-
-
 def _keyed_uniforms(seed: int, stream: str, index: int, n: int) -> np.ndarray:
     """``n`` float64 uniforms in [0, 1) of batch ``index`` of ``stream`` (Philox, exact)."""
-    _check_int("index", index, 0)
+    check_int("index", index, min=0)
     return uniform(seed, f"corpus.{stream}.{index}", n)
 
 
@@ -49,8 +45,8 @@ class MarkovCorpus:
     """A random first-order Markov chain with a known entropy rate (see the module docstring)."""
 
     def __init__(self, vocab: int = 32, sharpness: int = 8, seed: int = 0):
-        _check_int("vocab", vocab, 2)
-        _check_int("sharpness", sharpness, 1)
+        check_int("vocab", vocab, min=2)
+        check_int("sharpness", sharpness, min=1)
         self.vocab, self.sharpness, self.seed = int(vocab), int(sharpness), int(seed)
         w = uniform(seed, "corpus.transitions", vocab * vocab).reshape(vocab, vocab) ** sharpness
         self.transitions = w / np.array([[math.fsum(row)] for row in w])            # (V, V)
@@ -86,8 +82,8 @@ class MarkovCorpus:
     def batch(self, batch: int, seq_len: int, stream: str = "train", index: int = 0):
         """``(idx, targets)``, int64 arrays (batch, seq_len): ``targets`` is ``idx`` shifted by one
         token — batch ``index`` of ``stream`` (a pure function of its arguments)."""
-        _check_int("batch", batch, 1)
-        _check_int("seq_len", seq_len, 1)
+        check_int("batch", batch, min=1)
+        check_int("seq_len", seq_len, min=1)
         u = _keyed_uniforms(self.seed, stream, index, batch * (seq_len + 1))
         u = u.reshape(seq_len + 1, batch)                                            # (T+1, B)
         tokens = np.empty((batch, seq_len + 1), np.int64)                            # (B, T+1)
@@ -119,8 +115,8 @@ class TextCorpus:
     def batch(self, batch: int, seq_len: int, stream: str = "train", index: int = 0):
         """``(idx, targets)`` int64 (batch, seq_len): windows of ``seq_len + 1`` bytes (the file
         is read cyclically when it is shorter than a window)."""
-        _check_int("batch", batch, 1)
-        _check_int("seq_len", seq_len, 1)
+        check_int("batch", batch, min=1)
+        check_int("seq_len", seq_len, min=1)
         n = self.data.size
         starts = np.floor(_keyed_uniforms(self.seed, stream, index, batch) * n).astype(np.int64)
         tokens = self.data[(starts[:, None] + np.arange(seq_len + 1)) % n]           # (B, T+1)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
+from mpt._checks import check_bool, check_int
+
 __all__ = [
     "Format",
     "RoundingMode",
@@ -265,10 +267,13 @@ _BY_DTYPE = {f.dtype: f for f in _TABLE if f.name != "tf32" and f.kind != "codeb
 def get_format(fmt) -> Format:
     """Look up a format by name or alias (case-insensitive), numpy dtype, or pass a Format through.
 
-    Raises ``ValueError`` listing the valid names for an unknown one.
+    Raises ``ValueError`` listing the valid names for an unknown one, ``TypeError`` for
+    anything else (``None`` included, although ``np.dtype(None)`` is float64).
     """
     if isinstance(fmt, Format):
         return fmt
+    if fmt is None:  # np.dtype(None) is float64: a missing format must not silently mean fp64
+        raise TypeError("format must be a Format, a format name or a numpy dtype; got None")
     if isinstance(fmt, str):
         found = _LOOKUP.get(fmt.lower())
         if found is not None:
@@ -296,9 +301,10 @@ def custom_format(exponent_bits: int, mantissa_bits: int, *, has_inf: bool = Tru
     when ``has_inf`` and to ``"fn"`` (only S.1…1.1…1 is NaN, as e4m3fn) otherwise; ``bias``
     defaults to ``2**(exponent_bits-1) - 1`` (``2**(exponent_bits-1)`` for ``nan="fnuz"``).
     """
-    for arg, value in (("exponent_bits", exponent_bits), ("mantissa_bits", mantissa_bits)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-            raise TypeError(f"{arg} must be an int; got {type(value).__name__}")
+    exponent_bits = check_int("exponent_bits", exponent_bits)
+    mantissa_bits = check_int("mantissa_bits", mantissa_bits)
+    has_inf = check_bool("has_inf", has_inf)
+    bias = check_int("bias", bias, optional=True)
     if not 1 <= exponent_bits <= 8:
         raise ValueError(f"exponent_bits must be in [1, 8] (float32 storage); got {exponent_bits}")
     if not 0 <= mantissa_bits <= 23:

@@ -33,13 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpt._checks import check_array, check_bool, check_int, check_real
 from mpt.formats import Format, get_format
 from mpt.rounding import round as _round
 from mpt.tensor import opmath
 
 __all__ = [
     "DelayedScaling", "DelayedScalingState", "Fp8Array", "quantize", "current_scale",
-    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS", "FP8_FLAVOURS",
+    "quantize_current", "MXArray", "mx_quantize", "FP8_FORMATS", "FP8_FLAVOURS", "check_scale",
 ]
 
 _F32 = np.float32
@@ -62,6 +63,27 @@ def _as_f32(x) -> np.ndarray:
     return opmath(x) if x.dtype.kind in "fV" else x.astype(np.float32)
 
 
+def _fp8_format(fmt, name="fmt") -> Format:
+    fmt = get_format(fmt)
+    if fmt.kind != "float" or fmt.bits != 8:
+        raise ValueError(f"{name} must be an FP8 format; got {fmt.name}")
+    return fmt
+
+
+def check_scale(name: str, scale) -> np.float32:
+    """A multiplying scale as float32: a finite real > 0 whose float32 value and reciprocal are
+    finite and non-zero (else ``scale_inv`` would be Inf or the codes all zero)."""
+    value = check_real(name, scale, gt=0)
+    with np.errstate(over="ignore", divide="ignore"):
+        s = _F32(value)
+        inv = _F32(1) / s
+    if not (0 < s < np.inf and inv < np.inf):
+        raise ValueError(f"{name} must lie in (2^-128, FLT_MAX] once rounded to float32 (so "
+                         f"that it and its float32 reciprocal are finite and non-zero); got "
+                         f"{scale!r}")
+    return s
+
+
 def _amax(x: np.ndarray) -> np.float32:
     """max|x| in float32 (NaN if any NaN; 0 for an empty array)."""
     return _F32(np.max(np.abs(x))) if x.size else _F32(0)
@@ -75,6 +97,17 @@ class Fp8Array:
     scale_inv: np.float32
     format: Format
 
+    def __post_init__(self):
+        """``format`` an FP8 format (a name is looked up), ``data`` an array of its dtype,
+        ``scale_inv`` a finite float32 value > 0 (stored as ``np.float32``)."""
+        fmt = _fp8_format(self.format, "format")
+        object.__setattr__(self, "format", fmt)
+        check_array("data", self.data, fmt.dtype)
+        inv = check_real("scale_inv", self.scale_inv, gt=0)
+        if float(_F32(inv)) != inv:
+            raise ValueError(f"scale_inv must be a float32 value; got {self.scale_inv!r}")
+        object.__setattr__(self, "scale_inv", _F32(inv))
+
     def dequantize(self) -> np.ndarray:
         """``f32(float(q) · scale_inv)``, a float32 array."""
         with np.errstate(over="ignore"):
@@ -82,9 +115,12 @@ class Fp8Array:
 
 
 def quantize(x, fmt, scale) -> Fp8Array:
-    """``round_fmt(f32(x · scale))`` RNE saturating, with ``scale_inv = f32(1/scale)``."""
-    fmt = get_format(fmt)
-    scale = _F32(scale)
+    """``round_fmt(f32(x · scale))`` RNE saturating, with ``scale_inv = f32(1/scale)``.
+
+    ``fmt``: an FP8 format; ``scale``: a real > 0, rounded to float32, whose float32 value and
+    reciprocal are finite and non-zero (a zero, negative, NaN or Inf scale is refused)."""
+    fmt = _fp8_format(fmt)
+    scale = check_scale("scale", scale)
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = _as_f32(x) * scale                                    # rounded to float32 once
         scale_inv = _F32(1) / scale
@@ -118,11 +154,9 @@ class DelayedScaling:
         if self.amax_compute_algo not in ("max", "most_recent"):
             raise ValueError("amax_compute_algo must be 'max' or 'most_recent'; got "
                              f"{self.amax_compute_algo!r}")
-        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
-            raise ValueError(f"amax_history_len must be an int >= 1; got "
-                             f"{self.amax_history_len!r}")
-        if not isinstance(self.margin, int) or self.margin < 0:
-            raise ValueError(f"margin must be an int >= 0; got {self.margin!r}")
+        object.__setattr__(self, "amax_history_len",
+                           check_int("amax_history_len", self.amax_history_len, min=1))
+        object.__setattr__(self, "margin", check_int("margin", self.margin, min=0))
 
     def format_for(self, role: str):
         """The FP8 format of a role: ``"forward"`` (activations, weights) or ``"backward"``."""
@@ -140,9 +174,10 @@ class DelayedScalingState:
     """Per-tensor delayed-scaling state: float32 ``scale`` and ``amax_history``."""
 
     def __init__(self, fmt, recipe: DelayedScaling = DelayedScaling()):
-        self.format = get_format(fmt)
-        if self.format.kind != "float" or self.format.bits != 8:
-            raise ValueError(f"fmt must be an FP8 format; got {self.format.name}")
+        self.format = _fp8_format(fmt)
+        if not isinstance(recipe, DelayedScaling):
+            raise TypeError(f"recipe must be an mpt.fp8.DelayedScaling; got "
+                            f"{type(recipe).__name__}")
         self.recipe = recipe
         self.scale = _F32(1)
         self.amax_history = np.zeros(recipe.amax_history_len, np.float32)
@@ -176,6 +211,11 @@ class DelayedScalingState:
                 "amax_history": self.amax_history.copy()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved: the same format, a float32 ``amax_history`` of
+        this recipe's length and a ``scale`` that :func:`quantize` accepts; checked first."""
+        if not isinstance(state, dict) or {"format", "scale", "amax_history"} - set(state):
+            raise ValueError("state must be a dict with 'format', 'scale' and 'amax_history'; "
+                             f"got {sorted(state) if isinstance(state, dict) else type(state)}")
         if get_format(state["format"]) != self.format:
             raise ValueError(f"state_dict is for format {state['format']}, this state holds "
                              f"{self.format.name}")
@@ -183,7 +223,10 @@ class DelayedScalingState:
         if history.dtype != np.float32 or history.shape != self.amax_history.shape:
             raise ValueError(f"amax_history must be float32 of shape {self.amax_history.shape}; "
                              f"got {history.dtype} {history.shape}")
-        self.scale = _F32(np.asarray(state["scale"], np.float32))
+        scale = np.asarray(state["scale"])
+        if scale.dtype != np.float32 or scale.size != 1:
+            raise ValueError(f"scale must be one float32 value; got {scale.dtype} {scale.shape}")
+        self.scale = check_scale("scale", float(scale.reshape(())))
         self.amax_history = history.copy()
 
 
@@ -191,8 +234,10 @@ def current_scale(x, fmt, *, margin=0, power_of_2=False, epsilon=0.0) -> np.floa
     """Current scaling (TE ``Float8CurrentScaling``): ``f32(fmt_max / max(amax, epsilon))``
     divided by 2^margin, from this tensor's own amax; FLT_MAX if infinite; 1.0 when the amax is
     0 or non-finite. ``power_of_2`` rounds the scale down to a power of two (exact)."""
-    fmt = get_format(fmt)
-    amax = max(_amax(_as_f32(x)), _F32(epsilon))
+    fmt = _fp8_format(fmt)
+    margin = check_int("margin", margin, min=0)
+    power_of_2 = check_bool("power_of_2", power_of_2)
+    amax = max(_amax(_as_f32(x)), _F32(check_real("epsilon", epsilon, min=0)))
     if not (np.isfinite(amax) and amax > 0):
         return _F32(1)
     scale = _scale_from_amax(amax, fmt.max, margin)
@@ -207,6 +252,13 @@ def quantize_current(x, fmt, **options) -> Fp8Array:
 
 
 # ---- MX block scaling ---------------------------------------------------------------------------
+def _mx_format(fmt, name="fmt") -> Format:
+    fmt = get_format(fmt)
+    if fmt.kind != "float" or fmt.bits > 8 or not fmt.signed:
+        raise ValueError(f"{name} must be an MX element format (fp8/fp6/fp4); got {fmt.name}")
+    return fmt
+
+
 @dataclass(frozen=True)
 class MXArray:
     """OCP MX data: element codes (same shape as the input) and one E8M0 scale per block of 32
@@ -215,6 +267,18 @@ class MXArray:
     data: np.ndarray
     scales: np.ndarray        # dtype ml_dtypes.float8_e8m0fnu
     format: Format
+
+    def __post_init__(self):
+        """``format`` an MX element format, ``data`` an array of its dtype with at least one
+        dimension, ``scales`` E8M0 of shape ``data.shape[:-1] + (ceil(n/32),)``."""
+        fmt = _mx_format(self.format, "format")
+        object.__setattr__(self, "format", fmt)
+        data = check_array("data", self.data, fmt.dtype)
+        if data.ndim == 0:
+            raise ValueError("data must have at least one dimension (blocks run along the last "
+                             "axis)")
+        check_array("scales", self.scales, _E8M0.dtype,
+                    shape=data.shape[:-1] + (-(-data.shape[-1] // _MX_BLOCK),))
 
     def dequantize(self) -> np.ndarray:
         """``float(q) · X`` per element, float32 (exact: X is a power of two, no overflow of the
@@ -227,9 +291,7 @@ class MXArray:
 
 def mx_quantize(x, fmt) -> MXArray:
     """Quantize to OCP MX with element format ``fmt`` (fp8 e4m3/e5m2, fp6, fp4), blocks of 32."""
-    fmt = get_format(fmt)
-    if fmt.kind != "float" or fmt.bits > 8 or not fmt.signed:
-        raise ValueError(f"fmt must be an MX element format (fp8/fp6/fp4); got {fmt.name}")
+    fmt = _mx_format(fmt)
     x = _as_f32(x)
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension (blocks run along the last axis)")

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mpt.golden import save_npz, load_suite
+from mpt.golden import compute_outputs, load_suite, outputs_folder, save_npz
 
 __all__ = ["run_torch", "TORCH_DTYPES"]
 
@@ -200,15 +200,12 @@ def run_torch(golden_dir, outputs_dir, *, device: str = "cpu") -> tuple[Path, in
     if not isinstance(device, str) or device.split(":")[0] not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda[:N]'; got {device!r}")
     adapter = _Adapter(torch, device)
-    outputs_dir = Path(outputs_dir)
-    outputs_dir.mkdir(parents=True, exist_ok=True)
-    written = skipped = 0
-    for case in load_suite(golden_dir):
-        compute = getattr(adapter, case.kind, None)
-        outputs = compute(case.inputs, case.params) if compute is not None else None
-        if outputs is None:
-            skipped += 1
-            continue
-        save_npz(outputs_dir / f"{case.name}.npz", outputs)
-        written += 1
-    return outputs_dir, written, skipped
+    cases = load_suite(golden_dir)                      # the whole suite checked before writing
+    outputs = [compute_outputs(getattr(adapter, case.kind), case)
+               if hasattr(adapter, case.kind) else None for case in cases]
+    outputs_dir = outputs_folder(golden_dir, outputs_dir)
+    for case, arrays in zip(cases, outputs):
+        if arrays is not None:
+            save_npz(outputs_dir / f"{case.name}.npz", arrays)
+    written = sum(a is not None for a in outputs)
+    return outputs_dir, written, len(cases) - written

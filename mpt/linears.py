@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_bool, check_int
 from mpt.autocast import autocast_state
 from mpt.fp8 import DelayedScaling
 from mpt.functional.gemm_plan import GemmPlan, GemmSpec, Quantization
 from mpt.functional.linalg import Linear as _Linear
+from mpt.engines import get_mma_model
 from mpt.nn import Linear, Module
 from mpt.tensor import opmath
 
@@ -138,10 +140,15 @@ class Fp8Linear(Module):
         if not isinstance(scaling, DelayedScaling):
             raise TypeError(f"scaling must be an mpt.fp8.DelayedScaling; got "
                             f"{type(scaling).__name__}")
+        get_mma_model(model)
         self.scaling, self.model = scaling, model
-        self.promote_every = promote_every
-        self.split_accumulator = tuple(bool(s) for s in split_accumulator)
-        self.plan = fp8_plan(scaling, model, promote_every, self.split_accumulator)
+        self.promote_every = check_int("promote_every", promote_every, min=1)
+        if not isinstance(split_accumulator, (tuple, list)) or len(split_accumulator) != 3:
+            raise ValueError("split_accumulator must be three bools (fprop, dgrad, wgrad); got "
+                             f"{split_accumulator!r}")
+        self.split_accumulator = tuple(check_bool(f"split_accumulator[{i}]", s)
+                                       for i, s in enumerate(split_accumulator))
+        self.plan = fp8_plan(scaling, model, self.promote_every, self.split_accumulator)
         self.fp8_states = {"input": scaling.state("forward"), "weight": scaling.state("forward"),
                            "grad_output": scaling.state("backward")}
         self._counting = {role: _CountingState(self, role) for role in _ROLES}

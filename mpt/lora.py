@@ -39,6 +39,7 @@ import numpy as np
 
 import mpt.functional as F
 from mpt import nn
+from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format
 from mpt.quant import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
 from mpt.tensor import Tensor, no_grad, opmath, round_to
@@ -64,15 +65,16 @@ class LoRALinear(nn.Module):
                  use_rslora: bool = False, base_format=None, compute_format=None,
                  double_quant: bool = False, seed: int = 0, key: str = "lora"):
         super().__init__()
-        if not isinstance(r, (int, np.integer)) or r < 1:
-            raise ValueError(f"r must be a positive int; got {r!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {dropout}")
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"base must be an mpt.nn.Linear (the layer LoRA adapts); got "
+                            f"{type(base).__name__}")
         out_features, in_features = base.weight.shape
         self.in_features, self.out_features = in_features, out_features
-        self.r, self.alpha, self.use_rslora = int(r), alpha, bool(use_rslora)
-        self.scaling = _scaling(self.r, alpha, use_rslora)
-        self.dropout = float(dropout)
+        self.r = check_int("r", r, min=1)
+        self.alpha = check_real("alpha", alpha)
+        self.use_rslora = check_bool("use_rslora", use_rslora)
+        self.scaling = _scaling(self.r, self.alpha, self.use_rslora)
+        self.dropout = check_real("dropout", dropout, min=0, lt=1)
         self.merged = False
         self.base_format = base.weight.format.name if base_format is None else \
             get_format(base_format).name
@@ -83,14 +85,14 @@ class LoRALinear(nn.Module):
         else:
             raise ValueError(f"base_format must be one of {_FLOAT_BASES + _QUANT_BASES}; got "
                              f"{base_format!r}")
-        self.double_quant = bool(double_quant)
+        self.double_quant = check_bool("double_quant", double_quant)
         self._store_base(opmath(base.weight.data).astype(np.float32))
         self.bias = None if base.bias is None else nn.Parameter(
             round_to(opmath(base.bias.data), get_format(self.compute_format)),
             self.compute_format, requires_grad=False)
         self.lora_A = nn.Parameter(np.zeros((self.r, in_features), np.float32))
         self.lora_B = nn.Parameter(np.zeros((out_features, self.r), np.float32))
-        nn.init_uniform_(self.lora_A, 1.0 / math.sqrt(in_features), seed=seed, key=f"{key}.lora_A")
+        nn.init_uniform_(self.lora_A, nn.fan_in_bound(in_features), seed=seed, key=f"{key}.lora_A")
 
     # ---- the frozen base ---------------------------------------------------------------------
     def _store_base(self, w: np.ndarray) -> None:
@@ -188,15 +190,21 @@ def apply(model: nn.Module, r: int = 8, alpha: float = 8, dropout: float = 0.0, 
     """Freeze every parameter of ``model`` and replace the targeted ``nn.Linear`` layers (in
     place, keeping their position) by :class:`LoRALinear` with the given options; adapter ``A``
     of a layer is drawn from ``(seed, "<dotted name>.lora_A")``. Returns ``model``; raises
-    ValueError when no layer matches ``targets``."""
-    for p in model.parameters():
-        p.requires_grad = False
+    ValueError when no layer matches ``targets`` (None, one name or a sequence of names)."""
+    if isinstance(targets, str):
+        targets = (targets,)                    # one name, not its characters
+    if targets is not None and not all(isinstance(t, str) for t in targets):
+        raise TypeError(f"targets must be None, a layer name or a sequence of names; got "
+                        f"{targets!r}")
     found = list(_targets(model, targets))
     if not found:
         raise ValueError(f"targets {targets!r} match no nn.Linear of the model")
-    for parent, child_name, full in found:
-        layer = LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora,
-                           base_format, compute_format, double_quant, seed, key=full)
+    layers = [LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora, base_format,
+                         compute_format, double_quant, seed, key=full)
+              for parent, child_name, full in found]        # every argument checked first
+    for p in model.parameters():
+        p.requires_grad = False
+    for (parent, child_name, _), layer in zip(found, layers):
         parent._modules[child_name] = layer
         object.__setattr__(parent, child_name, layer)
     return model
@@ -228,5 +236,6 @@ def trainable_parameters(model: nn.Module) -> dict:
     total = sum(p.size for p in model.parameters())
     layers = _lora_layers(model)
     total += sum(m.in_features * m.out_features for m in layers if m.qweight is not None)
-    return {"trainable": trainable, "total": total, "percent": 100.0 * trainable / total,
+    return {"trainable": trainable, "total": total,
+            "percent": 100.0 * trainable / total if total else 0.0,
             "base_bytes": sum(m.base_nbytes for m in layers)}

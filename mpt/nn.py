@@ -38,6 +38,7 @@ from collections import OrderedDict
 import numpy as np
 
 import mpt.functional as F
+from mpt._checks import check_bool, check_int, check_real
 from mpt.autograd.context import State
 from mpt.checkpoint import checkpoint_sequential
 from mpt.formats import Format, get_format
@@ -81,12 +82,15 @@ def _log(x: np.ndarray) -> np.ndarray:
 
 def _stream(key: str) -> int:
     """The Philox stream id of a parameter key (64 bits of BLAKE2b: stable across runs)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str (a parameter's dotted name); got {type(key).__name__}")
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 def uniform(seed: int, key: str, n: int) -> np.ndarray:
     """``n`` float64 uniforms in ``[0, 1)``: value ``i`` is ``(w[2i] 2^21 + w[2i+1] >> 11) 2^-53``
     for the Philox words ``w`` of stream ``(seed, key)`` (53 random bits, exact)."""
+    n = check_int("n", n, min=0)
     w = random_words(seed, _stream(key), 2 * n).astype(np.uint64)  # (2n,)
     bits = (w[0::2] << np.uint64(21)) | (w[1::2] >> np.uint64(11))  # (n,) 53-bit integers
     return bits.astype(np.float64) * 2.0**-53
@@ -99,8 +103,7 @@ def gaussian(seed: int, key: str, n: int) -> np.ndarray:
     order; each gives ``u k, v k`` with ``k = sqrt(-2 ln s / s)``. The first ``n`` values do not
     depend on ``n`` (a longer draw extends a shorter one).
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative int; got {n!r}")
+    n = check_int("n", n, min=0)
     pairs = (n + 1) // 2
     draw = pairs * 4 // 3 + 64  # acceptance is π/4 ≈ 0.785
     while True:
@@ -119,7 +122,8 @@ def gaussian(seed: int, key: str, n: int) -> np.ndarray:
 def init_normal_(param: Tensor, std: float, *, seed: int, key: str, mean: float = 0.0) -> Tensor:
     """Fill ``param`` with ``mean + std·gaussian(seed, key)`` (float64), rounded RNE to its
     format."""
-    values = mean + std * gaussian(seed, key, param.size)
+    std = check_real("std", std, min=0)
+    values = check_real("mean", mean) + std * gaussian(seed, key, param.size)
     param.copy_(values.reshape(param.shape))
     return param
 
@@ -127,7 +131,7 @@ def init_normal_(param: Tensor, std: float, *, seed: int, key: str, mean: float 
 def init_uniform_(param: Tensor, bound: float, *, seed: int, key: str) -> Tensor:
     """Fill ``param`` with ``bound·(2U - 1)``, uniform in ``[-bound, bound)`` (float64), rounded
     RNE to its format."""
-    values = bound * (2.0 * uniform(seed, key, param.size) - 1.0)
+    values = check_real("bound", bound, min=0) * (2.0 * uniform(seed, key, param.size) - 1.0)
     param.copy_(values.reshape(param.shape))
     return param
 
@@ -392,7 +396,28 @@ def _new_parameter(shape, format) -> Parameter:
 
 
 def _shape(normalized_shape) -> tuple:
-    return (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    """``normalized_shape`` (an int or a sequence of them, each >= 0) as a tuple of ints."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else \
+        normalized_shape
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"normalized_shape must be an int or a sequence of ints; got "
+                        f"{type(normalized_shape).__name__}")
+    return tuple(check_int(f"normalized_shape[{i}]", n, min=0) for i, n in enumerate(shape))
+
+
+def _kernel_size(kernel_size) -> tuple:
+    """(kh, kw) of an int or a pair of ints, each >= 1."""
+    pair = (kernel_size, kernel_size) if isinstance(kernel_size, (int, np.integer)) else \
+        kernel_size
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise TypeError(f"kernel_size must be an int or a pair of ints; got {kernel_size!r}")
+    return tuple(check_int("kernel_size", k, min=1) for k in pair)
+
+
+def fan_in_bound(fan_in: int) -> float:
+    """PyTorch's default init bound ``1/sqrt(fan_in)``, and 0 for a layer without inputs
+    (``fan_in = 0``: PyTorch's ``bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0``)."""
+    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
 
 
 def _seeded(module: Module, seed) -> None:
@@ -405,18 +430,24 @@ def _seeded(module: Module, seed) -> None:
 class Linear(Module):
     """``y = x·Wᵀ + b`` (``F.linear``: GEMMs with the active matmul model, bias in the FP32
     epilogue). ``weight`` (out, in), ``bias`` (out,) or None. Init (PyTorch's default): weight and
-    bias uniform in ``±1/sqrt(in_features)``."""
+    bias uniform in ``±1/sqrt(in_features)`` (:func:`fan_in_bound`: with ``in_features = 0``, as
+    PyTorch allows, the bias is 0 and the output is the bias)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  format="fp32", seed: int | None = 0):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = _new_parameter((out_features, in_features), format)
-        self.bias = _new_parameter((out_features,), format) if bias else None
+        self.in_features = check_int("in_features", in_features, min=0)
+        self.out_features = check_int("out_features", out_features, min=0)
+        self.weight = _new_parameter((self.out_features, self.in_features), format)
+        self.bias = _new_parameter((self.out_features,), format) \
+            if check_bool("bias", bias) else None
         _seeded(self, seed)
 
     def _init_parameter(self, name, param, seed, key):
-        init_uniform_(param, 1.0 / math.sqrt(self.in_features), seed=seed, key=key)
+        if self.in_features == 0:
+            init_constant_(param, 0.0)          # uniform in ±0: +0 (the weight has no element)
+        else:
+            init_uniform_(param, fan_in_bound(self.in_features), seed=seed, key=key)
 
     def forward(self, x):
         return F.linear(x, self.compute(self.weight), self.compute(self.bias))  # (..., out)
@@ -434,18 +465,24 @@ class Conv2d(Module):
                  dilation=1, groups: int = 1, bias: bool = True, *, format="fp32",
                  seed: int | None = 0):
         super().__init__()
-        kh, kw = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+        in_channels = check_int("in_channels", in_channels, min=0)
+        out_channels = check_int("out_channels", out_channels, min=0)
+        groups = check_int("groups", groups, min=1)
+        kh, kw = _kernel_size(kernel_size)
         if in_channels % groups or out_channels % groups:
             raise ValueError(f"groups={groups} must divide in_channels={in_channels} and "
                              f"out_channels={out_channels}")
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.fan_in = in_channels // groups * kh * kw
         self.weight = _new_parameter((out_channels, in_channels // groups, kh, kw), format)
-        self.bias = _new_parameter((out_channels,), format) if bias else None
+        self.bias = _new_parameter((out_channels,), format) if check_bool("bias", bias) else None
         _seeded(self, seed)
 
     def _init_parameter(self, name, param, seed, key):
-        init_uniform_(param, 1.0 / math.sqrt(self.fan_in), seed=seed, key=key)
+        if self.fan_in == 0:
+            init_constant_(param, 0.0)          # uniform in ±0: +0 (the weight has no element)
+        else:
+            init_uniform_(param, fan_in_bound(self.fan_in), seed=seed, key=key)
 
     def forward(self, x):  # (N, C, H, W) -> (N, O, Ho, Wo)
         return F.conv2d(x, self.compute(self.weight), self.compute(self.bias), self.stride,
@@ -464,9 +501,10 @@ class LayerNorm(Module):
                  bias: bool = True, *, format="fp32"):
         super().__init__()
         shape = _shape(normalized_shape)
-        self.normalized_shape, self.eps = shape, eps
-        self.weight = _new_parameter(shape, format) if elementwise_affine else None
-        self.bias = _new_parameter(shape, format) if elementwise_affine and bias else None
+        self.normalized_shape, self.eps = shape, check_real("eps", eps, min=0)
+        affine = check_bool("elementwise_affine", elementwise_affine)
+        self.weight = _new_parameter(shape, format) if affine else None
+        self.bias = _new_parameter(shape, format) if affine and check_bool("bias", bias) else None
         self.reset_parameters()
 
     def _init_parameter(self, name, param, seed, key):
@@ -487,8 +525,10 @@ class RMSNorm(Module):
                  elementwise_affine: bool = True, *, format="fp32"):
         super().__init__()
         shape = _shape(normalized_shape)
-        self.normalized_shape, self.eps = shape, eps
-        self.weight = _new_parameter(shape, format) if elementwise_affine else None
+        self.normalized_shape = shape
+        self.eps = check_real("eps", eps, min=0, optional=True)
+        affine = check_bool("elementwise_affine", elementwise_affine)
+        self.weight = _new_parameter(shape, format) if affine else None
         self.reset_parameters()
 
     def _init_parameter(self, name, param, seed, key):
@@ -508,7 +548,10 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, *,
                  format="fp32", seed: int | None = 0):
         super().__init__()
-        self.padding_idx = padding_idx
+        num_embeddings = check_int("num_embeddings", num_embeddings, min=0)
+        embedding_dim = check_int("embedding_dim", embedding_dim, min=0)
+        self.padding_idx = check_int("padding_idx", padding_idx, min=-num_embeddings,
+                                     max=num_embeddings - 1, optional=True)
         self.weight = _new_parameter((num_embeddings, embedding_dim), format)
         _seeded(self, seed)
 
@@ -531,7 +574,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not 0.0 <= p <= 1.0:
+        if not 0.0 <= check_real("p", p) <= 1.0:
             raise ValueError(f"p must be in [0, 1]; got {p}")
         self.p = float(p)
 
@@ -587,7 +630,8 @@ class MLP(Module):
                  approximate: str = "tanh", bias: bool = True, *, format="fp32",
                  seed: int | None = 0):
         super().__init__()
-        hidden = 4 * d_model if hidden is None else hidden
+        d_model = check_int("d_model", d_model, min=1)
+        hidden = 4 * d_model if hidden is None else check_int("hidden", hidden, min=1)
         self.approximate = approximate
         self.fc1 = Linear(d_model, hidden, bias, format=format, seed=None)
         self.fc2 = Linear(hidden, d_model, bias, format=format, seed=None)
@@ -627,10 +671,13 @@ class MultiheadAttention(Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
                  causal: bool = False, backend="flash", *, format="fp32", seed: int | None = 0):
         super().__init__()
+        d_model = check_int("d_model", d_model, min=1)
+        n_heads = check_int("n_heads", n_heads, min=1)
         if d_model % n_heads:
             raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
-        self.d_model, self.n_heads, self.causal, self.backend = d_model, n_heads, causal, backend
-        self.attn_dropout = float(dropout)
+        self.d_model, self.n_heads, self.backend = d_model, n_heads, backend
+        self.causal = check_bool("causal", causal)
+        self.attn_dropout = check_real("dropout", dropout, min=0, lt=1)
         self.in_proj = Linear(d_model, 3 * d_model, bias, format=format, seed=None)
         self.out_proj = Linear(d_model, d_model, bias, format=format, seed=None)
         self.resid_dropout = Dropout(dropout)
@@ -666,6 +713,7 @@ class TransformerBlock(Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, *, mlp_ratio: int = 4,
                  backend="flash", format="fp32", seed: int | None = 0):
         super().__init__()
+        mlp_ratio = check_int("mlp_ratio", mlp_ratio, min=1)
         self.ln1 = LayerNorm(d_model, format=format)
         self.attn = MultiheadAttention(d_model, n_heads, dropout, causal=True, backend=backend,
                                        format=format, seed=None)
@@ -701,7 +749,14 @@ class GPT(Module):
                  dropout: float = 0.0, seed: int = 0, *, backend="flash", format="fp32",
                  checkpoint=False):
         super().__init__()
-        self.vocab, self.seq_len, self.n_layers = vocab, seq_len, n_layers
+        self.vocab = check_int("vocab", vocab, min=1)
+        self.seq_len = check_int("seq_len", seq_len, min=1)
+        self.n_layers = n_layers = check_int("n_layers", n_layers, min=0)
+        if not isinstance(checkpoint, bool) and checkpoint != "sqrt" and \
+                (isinstance(checkpoint, str) or not isinstance(checkpoint, (int, np.integer))
+                 or checkpoint < 0):
+            raise ValueError(f"checkpoint must be False, True, 'sqrt' or a number of segments "
+                             f"(an int >= 0); got {checkpoint!r}")
         self.checkpoint = "sqrt" if checkpoint is True else checkpoint
         self.wte = Embedding(vocab, d_model, format=format, seed=None)
         self.wpe = Embedding(seq_len, d_model, format=format, seed=None)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format, rounding_mode
 from mpt.kernels.fma import fma_array
 from mpt.kernels.optim import adam_step, sgd_step, sum_abs_pow
@@ -107,8 +108,7 @@ class Optimizer:
     def __init__(self, params, defaults, *, fma=True, sqrt="correctly_rounded",
                  master_weights=False, rounding="nearest_even", seed=0, fused=False):
         for name, value in (("fma", fma), ("master_weights", master_weights), ("fused", fused)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{name} must be a bool; got {type(value).__name__}")
+            check_bool(name, value)
         if sqrt != "correctly_rounded" and not callable(sqrt):
             raise ValueError(f"sqrt must be 'correctly_rounded' or a callable; got {sqrt!r}")
         if fused and callable(sqrt):
@@ -117,7 +117,7 @@ class Optimizer:
         self.fma, self.sqrt, self.fused = fma, sqrt, fused
         self.master_weights = master_weights
         self.rounding = rounding_mode(rounding).value
-        self.seed = int(seed)
+        self.seed = check_int("seed", seed, min=0, max=2**64 - 1)
         self.defaults = dict(defaults)
         self.param_groups: list[dict] = []
         self.state: dict = {}
@@ -135,7 +135,10 @@ class Optimizer:
         return self.master_weights or self.fused
 
     def add_param_group(self, group: dict) -> None:
-        """Add a group (``{"params": [...], **hyper}``); missing hyper-parameters take defaults."""
+        """Add a group (``{"params": [...], **hyper}``); missing hyper-parameters take defaults.
+
+        Every hyper-parameter is checked (:meth:`_validate`, PyTorch's ranges, and never NaN or
+        Inf) and stored as a Python float; a parameter may appear only once in an optimizer."""
         if not isinstance(group, dict) or "params" not in group:
             raise TypeError("param group must be a dict with a 'params' entry")
         items = group["params"]
@@ -146,10 +149,15 @@ class Optimizer:
         names = [n for n, _ in items] if items and all(named) else None
         params = [p for _, p in items] if names is not None else items
         seen = {id(p) for g in self.param_groups for p in g["params"]}
-        for p in params:
+        mine = set()
+        for j, p in enumerate(params):
             _check_param(p, "params")
             if id(p) in seen:
                 raise ValueError("params: some parameters appear in more than one parameter group")
+            if id(p) in mine:
+                raise ValueError(f"params: parameter {j} of the group is listed twice (it would "
+                                 "be updated twice per step)")
+            mine.add(id(p))
         new = {**self.defaults, **{k: v for k, v in group.items() if k != "params"}}
         new["params"] = params
         if names is not None:
@@ -158,11 +166,11 @@ class Optimizer:
         self.param_groups.append(new)
 
     def _validate(self, group: dict) -> None:
-        lr = group.get("lr")
-        if not isinstance(lr, (int, float)) or lr < 0:
-            raise ValueError(f"lr must be a float >= 0; got {lr!r}")
-        if group.get("weight_decay", 0.0) < 0:
-            raise ValueError(f"weight_decay must be >= 0; got {group['weight_decay']!r}")
+        """Check the group's hyper-parameters in place, converting them to Python floats (bools,
+        NaN and Inf refused). Subclasses extend it."""
+        group["lr"] = check_real("lr", group.get("lr"), min=0)
+        if "weight_decay" in group:
+            group["weight_decay"] = check_real("weight_decay", group["weight_decay"], min=0)
 
     def named_parameters(self):
         """(name, parameter) for every parameter: its given name or ``group{i}.param{j}``."""
@@ -182,9 +190,11 @@ class Optimizer:
     def step(self, closure=None, *, inv_scale=None):
         """One update of every parameter that has a gradient; returns ``closure()`` if given.
 
-        ``inv_scale``: a float32 factor applied to every gradient element first (loss scaling),
-        None for none. Non-finite gradients are not checked here (GradScaler skips the step).
+        ``inv_scale``: a float32 factor > 0 applied to every gradient element first (loss
+        scaling; +inf once a scale has collapsed to 0, NaN refused), None for none. Non-finite
+        gradients are not checked here (GradScaler skips the step).
         """
+        inv_scale = check_real("inv_scale", inv_scale, gt=0, finite=False, optional=True)
         loss = closure() if closure is not None else None
         inv = None if inv_scale is None else _F32(inv_scale)
         self._steps += 1
@@ -289,10 +299,16 @@ class Optimizer:
                 raise ValueError(f"state_dict: state for parameter {i} of {len(params)}")
             new_state[params[i]] = {k: self._checked_state(params[i], k, v)
                                     for k, v in saved.items()}
+        new_groups = []
         for mine, saved in zip(self.param_groups, groups):
-            mine.update({k: v for k, v in saved.items() if k != "params"})
+            new = {**mine, **{k: v for k, v in saved.items() if k != "params"}}
+            self._validate(new)                                 # all checked before any change
+            new_groups.append(new)
+        steps = check_int("state_dict['steps']", state_dict.get("steps", 0), min=0)
+        for mine, new in zip(self.param_groups, new_groups):
+            mine.update(new)
         self.state = new_state
-        self._steps = int(state_dict.get("steps", 0))
+        self._steps = steps
 
     @staticmethod
     def _checked_state(p, name, value):
@@ -340,9 +356,12 @@ class SGD(Optimizer):
                                       weight_decay=weight_decay, nesterov=nesterov), **profile)
 
     def _validate(self, group):
+        """PyTorch's ranges: momentum >= 0; dampening any finite number; nesterov a bool that
+        needs a momentum and zero dampening."""
         super()._validate(group)
-        if group["momentum"] < 0:
-            raise ValueError(f"momentum must be >= 0; got {group['momentum']!r}")
+        group["momentum"] = check_real("momentum", group["momentum"], min=0)
+        group["dampening"] = check_real("dampening", group["dampening"])
+        group["nesterov"] = check_bool("nesterov", group["nesterov"])
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("nesterov momentum requires a momentum and zero dampening")
 
@@ -387,17 +406,19 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  **profile):
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay), **profile)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay),
+                         **profile)
 
     def _validate(self, group):
+        """PyTorch's ranges: betas a pair in [0, 1), eps >= 0."""
         super()._validate(group)
-        b1, b2 = group["betas"]
-        for name, b in (("betas[0]", b1), ("betas[1]", b2)):
-            if not 0.0 <= b < 1.0:
-                raise ValueError(f"{name} must be in [0, 1); got {b!r}")
-        if group["eps"] < 0:
-            raise ValueError(f"eps must be >= 0; got {group['eps']!r}")
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair (beta1, beta2) of real numbers in [0, 1); got "
+                            f"{type(betas).__name__} {betas!r}")
+        group["betas"] = tuple(check_real(f"betas[{i}]", b, min=0, lt=1)
+                               for i, b in enumerate(betas))
+        group["eps"] = check_real("eps", group["eps"], min=0)
 
     def _new_state(self, p):
         return {"step": np.zeros((), _F32), "exp_avg": np.zeros(p.data.shape, _F32),
@@ -468,14 +489,15 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     ``total`` is the norm of the per-tensor norms (as PyTorch structures it), each computed by
     :func:`_vector_norm` on the gradient decoded to float32, in parameter order — a fixed order,
     so the same bits on every machine. The scaling is computed in float32 and rounded (RNE) to each
-    gradient's format. ``norm_type``: p > 0 or ``inf``.
+    gradient's format. ``norm_type``: p > 0 or ``inf``; ``max_norm`` >= 0 (``inf``: no clipping;
+    PyTorch sets no range, a negative one would flip the gradients and is refused).
     """
     if hasattr(parameters, "data"):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
-    norm_type = float(norm_type)
-    if not norm_type > 0:
-        raise ValueError(f"norm_type must be > 0 or inf; got {norm_type!r}")
+    norm_type = check_real("norm_type", norm_type, gt=0, finite=False)
+    max_norm = check_real("max_norm", max_norm, min=0, finite=False)
+    error_if_nonfinite = check_bool("error_if_nonfinite", error_if_nonfinite)
     if not grads:
         return _F32(0)
     norms = np.array([_vector_norm(opmath(g.data).reshape(-1), norm_type) for g in grads], _F32)

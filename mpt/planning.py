@@ -60,6 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mpt._checks import check_int
 from mpt.checkpoint import segment_sizes
 from mpt.formats import get_format
 from mpt.recipes import get_recipe
@@ -188,9 +189,7 @@ class GPTShape:
 
     def __post_init__(self):
         for name in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "mlp_ratio"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
 

@@ -11,7 +11,9 @@ false, so that it is never registered twice. Usage::
 
 Cases live in a ``golden/`` folder beside the test file: ``<module>.<test>[.<name>].npz`` and one
 ``manifest.json`` in the format of :mod:`mpt.golden` (sha256 of the file and of every array, the
-contract), so an edited or corrupted file fails the test instead of being trusted. Float outputs
+contract, the suite digest), so an edited or corrupted file fails the test instead of being
+trusted; ``golden.digest`` is the folder's suite digest (:func:`mpt.golden.suite_digest`), for a
+test that pins it. Output and input names are letters, digits, ``_``, ``.`` and ``-``. Float outputs
 are compared with :func:`mpt.testing.assert_bits_equal` (``max_ulp=0``: −0 ≠ +0, NaN payloads
 must match) or :func:`mpt.testing.assert_ulp_close`; integer and bool outputs must be equal.
 Stored inputs, when given, must equal the test's bit for bit (else the case is stale). A missing
@@ -27,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpt.golden import (SCHEMA_VERSION, Case, GoldenError, describe_array, load_case,
-                        read_manifest, save_npz, write_json_atomic)
+from mpt._checks import check_int
+from mpt.golden import (ARRAY_NAME, FIXTURE_KIND, MANIFEST, Case, GoldenError, build_manifest,
+                        load_case, read_manifest, suite_digest, write_case, write_manifest)
 from mpt.testing import assert_bits_equal, assert_ulp_close
 
 __all__ = ["GoldenFixture", "entry_point_active", "golden"]
@@ -60,9 +63,14 @@ class GoldenFixture:
             outputs = {"out": outputs}
         if not isinstance(outputs, dict) or not outputs:
             raise TypeError("outputs must be an array or a non-empty dict of name -> array")
-        if not isinstance(max_ulp, int) or isinstance(max_ulp, bool) or max_ulp < 0:
-            raise ValueError(f"max_ulp must be a non-negative int; got {max_ulp!r}")
-        case = Case(self.case_stem + (f".{_safe(name)}" if name else ""), "pytest", {},
+        max_ulp = check_int("max_ulp", max_ulp, min=0)
+        for role, arrays in (("outputs", outputs), ("inputs", inputs or {})):
+            bad = [k for k in arrays
+                   if not isinstance(k, str) or not ARRAY_NAME.fullmatch(k) or ".." in k]
+            if bad:
+                raise ValueError(f"{role}: names must match {ARRAY_NAME.pattern} (no '..'); got "
+                                 f"{bad}")
+        case = Case(self.case_stem + (f".{_safe(name)}" if name else ""), FIXTURE_KIND, {},
                     {k: np.asarray(v) for k, v in (inputs or {}).items()},
                     {k: np.asarray(v) for k, v in outputs.items()}, max_ulp)
         if self.regen:
@@ -70,30 +78,29 @@ class GoldenFixture:
         else:
             self._compare(case)
 
+    @property
+    def digest(self) -> str:
+        """The suite digest of this test file's golden folder (every file checked)."""
+        return suite_digest(self.folder)
+
     # ---- storage -----------------------------------------------------------------------------
-    def _manifest(self) -> dict:
-        if not (self.folder / "manifest.json").is_file():
-            return {"schema_version": SCHEMA_VERSION, "suite": "pytest", "cases": []}
-        return read_manifest(self.folder)
+    def _cases(self) -> list[dict]:
+        if not os.path.lexists(self.folder / MANIFEST):
+            return []
+        return read_manifest(self.folder)["cases"]
 
     def _store(self, case: Case) -> None:
+        entries = self._cases()                  # a broken folder fails before anything is written
         self.folder.mkdir(parents=True, exist_ok=True)
-        arrays = {**{f"in.{k}": v for k, v in case.inputs.items()},
-                  **{f"out.{k}": v for k, v in case.outputs.items()}}
-        entry = {"name": case.name, "kind": case.kind, "params": case.params,
-                 "contract": {"max_ulp": case.max_ulp, "text": case.contract},
-                 "file": f"{case.name}.npz",
-                 "file_sha256": save_npz(self.folder / f"{case.name}.npz", arrays),
-                 "arrays": {k: describe_array(v) for k, v in arrays.items()}}
-        manifest = self._manifest()
-        manifest["cases"] = sorted([e for e in manifest["cases"] if e["name"] != case.name]
-                                   + [entry], key=lambda e: e["name"])
-        write_json_atomic(self.folder / "manifest.json", manifest)
+        entry = write_case(self.folder, case)
+        entries = sorted([e for e in entries if e["name"] != case.name] + [entry],
+                         key=lambda e: e["name"])
+        write_manifest(self.folder, build_manifest(entries, "pytest"))
 
     def _compare(self, case: Case) -> None:
         hint = f"run pytest {REGEN_FLAG} to (re)write it"
         try:
-            entry = next((e for e in self._manifest()["cases"] if e["name"] == case.name), None)
+            entry = next((e for e in self._cases() if e["name"] == case.name), None)
             if entry is None:
                 pytest.fail(f"no golden case {case.name!r} in {self.folder}: {hint}",
                             pytrace=False)
@@ -126,8 +133,8 @@ def _assert_equal(actual, desired, max_ulp, msg):
 
 
 def _safe(text: str) -> str:
-    """A file-name-safe rendering of a test or case name."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+    """A file-name-safe rendering of a test or case name (a plain base name, no '..')."""
+    return re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9_.-]+", "_", text)).strip("_.-")
 
 
 @pytest.fixture

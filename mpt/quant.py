@@ -49,7 +49,9 @@ import numpy as np
 
 import mpt.functional as F
 from mpt import nn
+from mpt._checks import check_array, check_bool, check_finite, check_int, check_real
 from mpt.formats import get_format
+from mpt.fp8 import check_scale
 from mpt.function import Function
 from mpt.kernels import quant as K
 from mpt.rounding import round as round_format
@@ -95,8 +97,11 @@ def _int_dtype(dtype) -> str:
 def quant_range(dtype="quint8", reduce_range: bool = False, quant_min=None, quant_max=None):
     """``(quant_min, quant_max)`` as PyTorch's ``calculate_qmin_qmax`` (module docstring)."""
     name = _int_dtype(dtype)
+    reduce_range = check_bool("reduce_range", reduce_range)
     if (quant_min is None) != (quant_max is None):
         raise ValueError("quant_min and quant_max must be given together")
+    quant_min = check_int("quant_min", quant_min, optional=True)
+    quant_max = check_int("quant_max", quant_max, optional=True)
     if quant_min is None:
         lo, hi = (-128, 127) if name == "int8" else (0, 255)
         return (lo // 2, hi // 2) if reduce_range else (lo, hi)
@@ -119,6 +124,8 @@ def calculate_qparams(min_val, max_val, quant_min: int, quant_max: int, symmetri
     hi = np.atleast_1d(np.asarray(max_val, np.float32))
     if lo.size == 0 or (np.isposinf(lo) & np.isneginf(hi)).all():
         return np.ones(max(lo.size, 1), np.float32), np.zeros(max(lo.size, 1), np.int32)
+    check_finite("min_val", lo)
+    check_finite("max_val", hi)
     if (lo > hi).any():
         raise ValueError(f"min_val must be <= max_val; got {min_val} and {max_val}")
     lo, hi = np.minimum(lo, np.float32(0)), np.maximum(hi, np.float32(0))
@@ -159,10 +166,10 @@ class MinMaxObserver:
                              f"{qscheme!r}")
         self.dtype = _int_dtype(dtype)
         self.qscheme = qscheme
-        self.reduce_range = bool(reduce_range)
+        self.reduce_range = check_bool("reduce_range", reduce_range)
         self.custom_range = quant_min is not None
         self.quant_min, self.quant_max = quant_range(dtype, reduce_range, quant_min, quant_max)
-        self.eps = float(np.float32(eps))
+        self.eps = float(np.float32(check_real("eps", eps, gt=0)))
         self.reset()
 
     def reset(self) -> None:
@@ -181,7 +188,9 @@ class MinMaxObserver:
         self.max_val = np.maximum(cur_max, self.max_val)
 
     def __call__(self, x):
-        values = _observed(x)
+        """Record ``x`` (which must be finite: a NaN or Inf would make every later qparam NaN
+        or Inf) and return it unchanged."""
+        values = check_finite(f"{type(self).__name__} input x", _observed(x))
         if values.size:
             self._update(*self._current(values))
         return x
@@ -206,7 +215,8 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
     ``min = fl32(min + fl32(c·fl32(cur − min)))``, ``c = fl32(averaging_constant)``."""
 
     def __init__(self, averaging_constant: float = AVERAGING_CONSTANT, **kwargs):
-        self.averaging_constant = np.float32(averaging_constant)
+        self.averaging_constant = np.float32(check_real("averaging_constant", averaging_constant,
+                                                        gt=0, max=1))
         super().__init__(**kwargs)
 
     def _update(self, cur_min, cur_max) -> None:
@@ -224,7 +234,7 @@ class PerChannelMinMaxObserver(MinMaxObserver):
     per_channel = True
 
     def __init__(self, ch_axis: int = 0, dtype="quint8", qscheme="per_channel_affine", **kwargs):
-        self.ch_axis = ch_axis
+        self.ch_axis = check_int("ch_axis", ch_axis)
         super().__init__(dtype=dtype, qscheme=qscheme, **kwargs)
 
     def reset(self) -> None:
@@ -232,6 +242,9 @@ class PerChannelMinMaxObserver(MinMaxObserver):
         self.max_val = np.empty(0, np.float32)
 
     def _current(self, x: np.ndarray):
+        if not -x.ndim <= self.ch_axis < x.ndim:
+            raise ValueError(f"ch_axis {self.ch_axis} is out of range for an input of shape "
+                             f"{x.shape}")
         rows = np.moveaxis(x, self.ch_axis, 0).reshape(x.shape[self.ch_axis], -1)  # (C, rest)
         return rows.min(axis=1), rows.max(axis=1)
 
@@ -246,7 +259,8 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
     """Per-channel moving average of min/max (``averaging_constant`` 0.01)."""
 
     def __init__(self, averaging_constant: float = AVERAGING_CONSTANT, **kwargs):
-        self.averaging_constant = np.float32(averaging_constant)
+        self.averaging_constant = np.float32(check_real("averaging_constant", averaging_constant,
+                                                        gt=0, max=1))
         super().__init__(**kwargs)
 
     def _update(self, cur_min, cur_max) -> None:
@@ -357,12 +371,16 @@ def fake_quantize_learnable_per_tensor_affine(x: Tensor, scale: Tensor, zero_poi
 
 def lsq_grad_factor(numel: int, quant_max: int) -> float:
     """LSQ's gradient scale ``g = 1/√(numel · Q_P)`` (Esser et al. 2020, §2.2)."""
-    return 1.0 / math.sqrt(numel * quant_max)
+    return 1.0 / math.sqrt(check_int("numel", numel, min=1) * check_int("quant_max", quant_max,
+                                                                        min=1))
 
 
 def lsq_init_scale(x, quant_max: int) -> np.float32:
     """LSQ's initial step size ``s = 2·mean|x| / √Q_P`` (float64, rounded once to float32)."""
+    quant_max = check_int("quant_max", quant_max, min=1)
     values = np.abs(np.asarray(x.data if isinstance(x, Tensor) else x, np.float64))
+    if values.size == 0:
+        raise ValueError("x must have at least one element (its mean |x| sets the scale)")
     return np.float32(2.0 * math.fsum(values.ravel()) / values.size / math.sqrt(quant_max))
 
 
@@ -389,14 +407,12 @@ def fake_quantize_fp8(x: Tensor, format="e4m3", scale=1.0) -> Tensor:
     (overflow and ±Inf clamp to ±max; NaN stays NaN). Straight-through gradient masked where
     ``|x·s| > max`` (the saturated elements), as the integer fake quantizers mask their clamp.
     ``format``: any FP8 format (``e4m3``, ``e5m2``, fnuz variants); ``scale`` a positive float
-    (rounded to float32). Output in ``x``'s format."""
+    (rounded to float32, whose reciprocal must be finite: :func:`mpt.fp8.check_scale`). Output in
+    ``x``'s format."""
     fmt = get_format(format)
     if fmt.kind != "float" or fmt.bits != 8:
         raise ValueError(f"format must be an FP8 format; got {fmt.name}")
-    s = np.float32(scale)
-    if not (np.isfinite(s) and s > 0):
-        raise ValueError(f"scale must be finite and > 0; got {scale}")
-    return _FakeQuantizeFP8.apply(x, fmt, s)
+    return _FakeQuantizeFP8.apply(x, fmt, check_scale("scale", scale))
 
 
 # ---- codebooks: NF4 and the 8-bit dynamic map ----------------------------------------------------
@@ -437,22 +453,32 @@ def dynamic_map() -> np.ndarray:
     return np.sort(np.array(values, np.float64)).astype(np.float32)
 
 
+def _int_codes(name: str, values, bits: int) -> np.ndarray:
+    """``values`` (integers in [0, 2^bits)) as a flat uint8 array; a float, bool or out-of-range
+    value is refused, never truncated."""
+    arr = np.asarray(values)
+    top = (1 << bits) - 1
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers in [0, {top}]; got dtype {arr.dtype}")
+    if arr.size and not 0 <= arr.min() <= arr.max() <= top:
+        raise ValueError(f"{name} must be integers in [0, {top}] ({bits}-bit); got values in "
+                         f"[{arr.min()}, {arr.max()}]")
+    return arr.astype(np.uint8).ravel()
+
+
 def pack_nibbles(codes) -> np.ndarray:
     """uint8 bytes holding two 4-bit codes each, the first in the high nibble (a trailing odd code
-    gets a zero low nibble)."""
-    codes = np.asarray(codes, np.uint8).ravel()
-    if (codes > 15).any():
-        raise ValueError("codes must be 4-bit (0..15)")
+    gets a zero low nibble). ``codes``: integers in [0, 15]."""
+    codes = _int_codes("codes", codes, 4)
     padded = np.zeros(codes.size + codes.size % 2, np.uint8)
     padded[:codes.size] = codes
     return (padded[0::2] << np.uint8(4)) | padded[1::2]
 
 
 def unpack_nibbles(packed, n: int) -> np.ndarray:
-    """The first ``n`` 4-bit codes of :func:`pack_nibbles` bytes."""
-    packed = np.asarray(packed, np.uint8).ravel()
-    if not 0 <= n <= 2 * packed.size:
-        raise ValueError(f"n must be in [0, {2 * packed.size}]; got {n}")
+    """The first ``n`` 4-bit codes of :func:`pack_nibbles` bytes (integers in [0, 255])."""
+    packed = _int_codes("packed", packed, 8)
+    n = check_int("n", n, min=0, max=2 * packed.size)
     return np.stack([packed >> np.uint8(4), packed & np.uint8(15)], axis=1).ravel()[:n]
 
 
@@ -469,6 +495,34 @@ class NF4Weight:
     absmax_codes: np.ndarray | None = None  # (nblocks,) uint8 dynamic-map codes
     absmax_scale: np.ndarray | None = None  # (ceil(nblocks/256),) float32
     absmax_offset: np.float32 | None = None
+
+    def __post_init__(self):
+        """Check that every field has the dtype and size the kernels index (``nblocks =
+        ceil(n/blocksize)``, n the product of ``shape``), and that the absmax values are finite
+        and >= 0: a mismatch would read outside the arrays."""
+        if not isinstance(self.shape, (tuple, list)):
+            raise TypeError(f"shape must be a tuple of non-negative ints; got "
+                            f"{type(self.shape).__name__}")
+        shape = tuple(check_int(f"shape[{i}]", d, min=0) for i, d in enumerate(self.shape))
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "blocksize", check_int("blocksize", self.blocksize, min=1))
+        n = math.prod(shape)
+        nblocks = -(-n // self.blocksize)
+        check_array("packed", self.packed, np.uint8, shape=(-(-n // 2),))
+        if self.absmax_codes is None:
+            if self.absmax_scale is not None or self.absmax_offset is not None:
+                raise ValueError("absmax_scale and absmax_offset belong to double quantization: "
+                                 "give absmax_codes too (and absmax=None)")
+            _check_absmax("absmax", self.absmax, nblocks)
+            return
+        if self.absmax is not None:
+            raise ValueError("give absmax or, with double quantization, absmax_codes; not both")
+        check_array("absmax_codes", self.absmax_codes, np.uint8, shape=(nblocks,))
+        _check_absmax("absmax_scale", self.absmax_scale, -(-nblocks // DQ_BLOCKSIZE))
+        offset = check_real("absmax_offset", self.absmax_offset)
+        if float(np.float32(offset)) != offset:
+            raise ValueError(f"absmax_offset must be a float32 value; got {self.absmax_offset!r}")
+        object.__setattr__(self, "absmax_offset", np.float32(offset))
 
     @property
     def double_quant(self) -> bool:
@@ -487,6 +541,13 @@ class NF4Weight:
     def nbytes(self) -> int:
         parts = (self.packed, self.absmax, self.absmax_codes, self.absmax_scale)
         return sum(p.nbytes for p in parts if p is not None) + (4 if self.double_quant else 0)
+
+
+def _check_absmax(name: str, value, size: int) -> None:
+    check_array(name, value, np.float32, shape=(size,))
+    if not (check_finite(name, value) >= 0).all():
+        raise ValueError(f"{name} must be >= 0 (a block's largest magnitude); got a negative "
+                         "value")
 
 
 def nf4_quantize(x, blocksize: int = NF4_BLOCKSIZE, double_quant: bool = False,
@@ -531,6 +592,18 @@ class Int8Weight:
     scale: np.ndarray
     axis: int = 0
 
+    def __post_init__(self):
+        """int8 ``codes`` of at least one dimension, ``axis`` one of them (stored normalised to
+        ``[0, ndim)``), one finite float32 ``scale`` > 0 per slice along it."""
+        codes = check_array("codes", self.codes, np.int8)
+        if codes.ndim == 0:
+            raise ValueError("codes must have at least one dimension (the channel axis)")
+        axis = check_int("axis", self.axis, min=-codes.ndim, max=codes.ndim - 1) % codes.ndim
+        object.__setattr__(self, "axis", axis)
+        scale = check_array("scale", self.scale, np.float32, shape=(codes.shape[axis],))
+        if not (check_finite("scale", scale) > 0).all():
+            raise ValueError("scale must be > 0 in every channel")
+
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scale.nbytes
@@ -549,6 +622,9 @@ def int8_quantize_per_channel(w, axis: int = 0) -> Int8Weight:
     w = np.asarray(w)
     if w.dtype != np.float32:
         raise TypeError(f"w must be float32; got {w.dtype}")
+    if w.ndim == 0:
+        raise ValueError("w must have at least one dimension (the channel axis)")
+    axis = check_int("axis", axis, min=-w.ndim, max=w.ndim - 1)
     obs = PerChannelMinMaxObserver(ch_axis=axis, dtype="qint8", qscheme="per_channel_symmetric")
     obs(w)
     scale, zp = obs.calculate_qparams()
@@ -754,6 +830,21 @@ class QTensor:
     q: np.ndarray               # uint8 or int8 codes
     scale: np.float32
     zero_point: int
+
+    def __post_init__(self):
+        """``q`` an int8 or uint8 array, ``scale`` a finite float32 value > 0 (stored as
+        ``np.float32``), ``zero_point`` an int within ``q``'s dtype."""
+        if not isinstance(self.q, np.ndarray) or self.q.dtype not in (np.int8, np.uint8):
+            got = f"dtype {self.q.dtype}" if isinstance(self.q, np.ndarray) else \
+                type(self.q).__name__
+            raise TypeError(f"q must be an int8 or uint8 ndarray; got {got}")
+        scale = check_real("scale", self.scale, gt=0)
+        if float(np.float32(scale)) != scale:
+            raise ValueError(f"scale must be a float32 value; got {self.scale!r}")
+        object.__setattr__(self, "scale", np.float32(scale))
+        info = np.iinfo(self.q.dtype)
+        object.__setattr__(self, "zero_point", check_int("zero_point", self.zero_point,
+                                                         min=int(info.min), max=int(info.max)))
 
     @property
     def shape(self) -> tuple:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from mpt._checks import check_int
 from mpt.engines import get_mma_model
 from mpt.formats import get_format, rounding_mode
 from mpt.fp8 import DelayedScaling
@@ -108,9 +109,8 @@ class Fp8Config:
                             f"{type(self.scaling).__name__}")
         if self.model is not None:
             get_mma_model(self.model)
-        if isinstance(self.promote_every, bool) or not isinstance(self.promote_every, int) \
-                or self.promote_every < 1:
-            raise ValueError(f"promote_every must be a positive int; got {self.promote_every!r}")
+        object.__setattr__(self, "promote_every",
+                           check_int("promote_every", self.promote_every, min=1))
         split = tuple(self.split_accumulator)
         if len(split) != 3 or not all(isinstance(s, bool) for s in split):
             raise ValueError("split_accumulator must be three bools (fprop, dgrad, wgrad); got "

@@ -11,6 +11,7 @@ does not).
 """
 import numpy as np
 
+from mpt._checks import check_bool
 from mpt.formats import Format, RoundingMode, get_format, rounding_mode
 from mpt.kernels import rounding as K
 from mpt.kernels.random import split64
@@ -140,10 +141,11 @@ def round(x, fmt, mode="nearest_even", *, saturate=False, subnormals=True, seed=
     """Round ``x`` to format ``fmt`` in ``mode``; returns an array of ``fmt``'s dtype.
 
     x: float32/float64 array or scalar, or an array of any float format dtype (decoded exactly).
-    fmt: a Format or name (``mpt.get_format``). mode: ``nearest_even`` (default), ``nearest_away``,
-    ``toward_zero``, ``up``, ``down``, ``stochastic``.
-    saturate: overflow and Inf give ±max instead of Inf/NaN. subnormals=False: results that would
-    be subnormal become zero of the same sign (rounded first, then flushed).
+    fmt: a Format or name (``mpt.get_format``; None is refused, it does not mean fp64).
+    mode: ``nearest_even`` (default), ``nearest_away``, ``toward_zero``, ``up``, ``down``,
+    ``stochastic``.
+    saturate (a bool): overflow and Inf give ±max instead of Inf/NaN. subnormals=False (a bool):
+    results that would be subnormal become zero of the same sign (rounded first, then flushed).
     stochastic rounding takes either ``seed`` (64-bit Philox key; word i of stream ``stream``, 0 by
     default, rounds element i in C order, so results do not depend on threads) or ``random_bits``
     (uint32, x's shape: what a hardware SR unit is fed).
@@ -155,6 +157,8 @@ def round(x, fmt, mode="nearest_even", *, saturate=False, subnormals=True, seed=
         raise ValueError(f"fmt {fmt.name} is a {fmt.kind} format, not a float or integer grid: "
                          "quantize to it with mpt.quant")
     mode = rounding_mode(mode)
+    saturate = check_bool("saturate", saturate)
+    subnormals = check_bool("subnormals", subnormals)
     arr = _as_float_array(x)
     _check_random(mode, arr.shape, seed, stream, random_bits)
     if fmt.name == "fp64":
@@ -178,7 +182,7 @@ def decode(x, dtype=np.float32):
     Oracle: ``mpt.reference.rounding.decode_exact``.
     """
     arr = np.asarray(x)
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(dtype) if dtype is not None else None  # np.dtype(None) would be float64
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64; got {dtype}")
     try:

@@ -51,11 +51,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mpt._checks import check_bool, check_int
 from mpt._io import atomic_write_bytes
 from mpt.corpus import MarkovCorpus, TextCorpus
 from mpt.formats import get_format
@@ -111,13 +113,20 @@ class StudyConfig:
         if not self.recipes:
             raise ValueError("recipes must name at least one recipe")
         for name in ("steps", "d_model", "n_layers", "n_heads", "seq_len", "batch",
-                     "eval_batches", "global_batch_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+                     "eval_batches", "global_batch_tokens", "sharpness"):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
+        object.__setattr__(self, "vocab", check_int("vocab", self.vocab, min=2))
+        object.__setattr__(self, "corpus_seed",
+                           check_int("corpus_seed", self.corpus_seed, min=0, max=2**64 - 1))
+        object.__setattr__(self, "quant", check_bool("quant", self.quant))
+        if self.text is not None and not isinstance(self.text, (str, os.PathLike)):
+            raise TypeError(f"text must be None or a file path; got {type(self.text).__name__}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} must divide d_model={self.d_model}")
         if self.global_batch_tokens < self.micro_tokens:
             raise ValueError(f"global_batch_tokens ({self.global_batch_tokens}) must be at least "
                              f"the micro-batch's {self.micro_tokens} tokens")
+        self.train_config()          # checks lr, min_lr, warmup_steps, betas, weight_decay, seed
 
     @property
     def micro_tokens(self) -> int:

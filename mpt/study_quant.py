@@ -54,6 +54,7 @@ import mpt.functional as F
 import mpt.lora as lora
 import mpt.quant as Q
 from mpt import nn
+from mpt._checks import check_int
 from mpt.corpus import MarkovCorpus
 from mpt.planning import state_bytes_per_parameter
 from mpt.tensor import Tensor, no_grad
@@ -92,9 +93,7 @@ class QuantStudyConfig:
     def __post_init__(self):
         for name in ("hidden", "mlp_steps", "qat_steps", "calib_batches", "lora_base_steps",
                      "lora_steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int; got {value!r}")
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
         if not self.schemes or any(not (2 <= w <= 8 and 2 <= a <= 8) for w, a in self.schemes):
             raise ValueError(f"schemes must be (weight bits, activation bits) pairs in [2, 8]; "
                              f"got {self.schemes!r}")

@@ -33,6 +33,7 @@ import weakref
 
 import numpy as np
 
+from mpt._checks import check_bool
 from mpt.formats import Format, get_format
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
@@ -150,7 +151,7 @@ class Tensor:
                             f"{np.dtype(fmt.dtype).name}; use mpt.tensor(x, {fmt.name!r}) to round")
         self._data = data
         self.format = fmt
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = check_bool("requires_grad", requires_grad)
         self._grad = None
         self._node = None          # the Context of the op that made this tensor (None: leaf)
         self._version = 0
@@ -243,7 +244,7 @@ class Tensor:
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         if not self.is_leaf and not requires_grad:
             raise RuntimeError("requires_grad can only be cleared on a leaf; use detach()")
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = check_bool("requires_grad", requires_grad)
         return self
 
     def retain_grad(self) -> None:

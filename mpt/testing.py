@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.formats import Format, get_format
 
 __all__ = ["ULP_INF", "as_bits", "ulp_distance", "assert_bits_equal", "assert_ulp_close"]
@@ -144,8 +145,7 @@ def assert_ulp_close(actual, desired, fmt=None, max_ulp: int = 0, *, err_msg: st
     ``max_ulp`` should come from an error bound you can state (e.g. "one rounding of a correctly
     rounded operation is at most 1/2 ULP, two of them at most 1 ULP").
     """
-    if not isinstance(max_ulp, (int, np.integer)) or max_ulp < 0:
-        raise ValueError(f"max_ulp must be a non-negative int; got {max_ulp!r}")
+    max_ulp = check_int("max_ulp", max_ulp, min=0)
     actual, desired, fmt = _check_pair(actual, desired, fmt)
     dist = ulp_distance(actual, desired, fmt)
     bad = dist > np.uint64(max_ulp)

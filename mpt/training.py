@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import mpt.functional as F
+from mpt._checks import check_bool, check_int, check_real
 from mpt.amp import GradScaler, StaticLossScale
 from mpt.autocast import autocast, matmul_model
 from mpt.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
@@ -80,20 +81,34 @@ class TrainConfig:
     detail_steps: tuple[int, ...] = ()
 
     def __post_init__(self):
-        for name in ("warmup_steps", "grad_accum"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0; got {value!r}")
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1; got {self.grad_accum}")
-        if self.total_steps is not None and self.total_steps < 1:
-            raise ValueError(f"total_steps must be None or >= 1; got {self.total_steps!r}")
-        if not self.loss_multiplier > 0:
-            raise ValueError(f"loss_multiplier must be > 0; got {self.loss_multiplier!r}")
-        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm must be None or > 0; got {self.clip_grad_norm!r}")
-        object.__setattr__(self, "betas", tuple(self.betas))
-        object.__setattr__(self, "detail_steps", tuple(int(s) for s in self.detail_steps))
+        """Check every field (type and range, as the optimizer would; never NaN or Inf) and
+        store it as a plain Python value."""
+        betas = self.betas
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair (beta1, beta2) of real numbers in [0, 1); got "
+                            f"{type(betas).__name__} {betas!r}")
+        if isinstance(self.detail_steps, (str, bytes)) or \
+                not hasattr(self.detail_steps, "__iter__"):
+            raise TypeError(f"detail_steps must be a sequence of steps (ints >= 1); got "
+                            f"{type(self.detail_steps).__name__}")
+        checked = dict(
+            lr=check_real("lr", self.lr, min=0),
+            min_lr=check_real("min_lr", self.min_lr, min=0, optional=True),
+            warmup_steps=check_int("warmup_steps", self.warmup_steps, min=0),
+            total_steps=check_int("total_steps", self.total_steps, min=1, optional=True),
+            betas=tuple(check_real(f"betas[{i}]", b, min=0, lt=1) for i, b in enumerate(betas)),
+            eps=check_real("eps", self.eps, min=0),
+            weight_decay=check_real("weight_decay", self.weight_decay, min=0),
+            grad_accum=check_int("grad_accum", self.grad_accum, min=1),
+            clip_grad_norm=check_real("clip_grad_norm", self.clip_grad_norm, gt=0,
+                                      optional=True),
+            loss_multiplier=check_real("loss_multiplier", self.loss_multiplier, gt=0),
+            seed=check_int("seed", self.seed, min=0, max=2**64 - 1),
+            fused=check_bool("fused", self.fused),
+            detail_steps=tuple(check_int(f"detail_steps[{i}]", s, min=1)
+                               for i, s in enumerate(self.detail_steps)))
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     def describe(self) -> dict:
         return asdict(self)
@@ -102,6 +117,7 @@ class TrainConfig:
 def learning_rate(config: TrainConfig, step: int) -> float:
     """The learning rate of 1-based ``step``: linear warm-up over ``warmup_steps``, then constant
     or cosine decay to ``min_lr`` at ``total_steps`` (float64)."""
+    step = check_int("step", step, min=1)
     if step <= config.warmup_steps:
         return config.lr * step / config.warmup_steps
     if config.total_steps is None:
@@ -234,6 +250,9 @@ class Trainer:
         mode (dropout off); float64 mean of the fp32 batch losses. The training state is left as
         it was: FP8 layers quantize with their current scales, and the amaxes they record are
         discarded afterwards."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError("batches must hold at least one (idx, targets) batch to average over")
         fp8 = {name: layer.fp8_state_dict() for name, layer in self.fp8_layers.items()}
         self.model.eval()
         try:

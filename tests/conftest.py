@@ -1,4 +1,6 @@
 """Shared test configuration: hypothesis profiles and paths to shared hardware data."""
+import builtins
+import io
 import os
 
 # Numba's OpenMP workers spin after each parallel kernel and steal the test thread's core on a
@@ -17,6 +19,49 @@ from hypothesis import HealthCheck, settings
 if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
         ep.value == "mpt.pytest_plugin" for ep in entry_points(group="pytest11")):
     pytest_plugins = ["mpt.pytest_plugin"]
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """The absolute path of every file opened (builtins.open, io.open as pathlib uses it, and
+    os.open) while the test runs: to show that nothing outside a folder was read."""
+    paths = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, *args, **kwargs):
+        if isinstance(file, (str, bytes, os.PathLike)):
+            paths.append(os.path.abspath(file))
+        return real_open(file, *args, **kwargs)
+
+    def spy_os_open(path, *args, **kwargs):
+        paths.append(os.path.abspath(path))
+        return real_os_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(io, "open", spy_open)
+    monkeypatch.setattr(os, "open", spy_os_open)
+    return paths
+
+
+def file_state(*roots) -> dict:
+    """Every file under ``roots`` (symbolic links listed, not followed): its bytes (or link
+    target) and mtime, to show that no prior file changed."""
+    found = {}
+    for root in roots:
+        for dirpath, dirnames, files in os.walk(root):
+            links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+            for name in files + links:
+                path = os.path.join(dirpath, name)
+                data = os.readlink(path) if os.path.islink(path) else \
+                    pathlib.Path(path).read_bytes()
+                found[path] = (data, os.lstat(path).st_mtime_ns)
+    return found
+
+
+@pytest.fixture
+def files():
+    """:func:`file_state` as a fixture (tests cannot import conftest)."""
+    return file_state
 
 # "ci" is derandomized so a CI run is reproducible; "dev" explores new examples each run.
 # Deadlines are off: the first call of a Numba kernel includes its compilation.

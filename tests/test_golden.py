@@ -139,7 +139,8 @@ def _array_hashes(manifest):
 def test_generate_reproduces_the_committed_suite_bit_for_bit(suite):
     """The regression test of mpt's numerics: regenerate the committed default suite and compare
     every array's sha256 (inputs and outputs). When mpt changes its numerics on purpose, run
-    ``mpt golden generate`` to refresh reference_results/default and commit it with the change."""
+    ``mpt golden generate --force`` to refresh reference_results/default and commit it with the
+    change."""
     _, gdir, _ = suite
     fresh = _array_hashes(json.loads((gdir / "manifest.json").read_text()))
     committed = _array_hashes(json.loads((COMMITTED / "manifest.json").read_text()))
@@ -150,6 +151,8 @@ def test_generate_reproduces_the_committed_suite_bit_for_bit(suite):
 
 def test_committed_suite_loads_and_is_small():
     cases = golden.load_suite(COMMITTED)                       # every hash checked on load
+    manifest = golden.read_manifest(COMMITTED)                 # schema 2, its digest matches
+    assert golden.suite_digest(COMMITTED) == manifest["digest"]
     assert {c.kind for c in cases} == set(golden.KINDS)
     size = sum(f.stat().st_size for f in COMMITTED.iterdir())
     assert size < 4 * 2**20

@@ -9,7 +9,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 # Layer of each module (a prefix covers a package). Oracles sit beside the kernels but may use
 # nothing of mpt except the format table: they must stay independent of what they check.
 LAYERS = {
-    "mpt.formats": 0, "mpt._version": 0,
+    "mpt.formats": 0, "mpt._version": 0, "mpt._checks": 0,
     "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.engines": 1, "mpt.targets": 1,
     "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2, "mpt.autograd": 2,
     "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,

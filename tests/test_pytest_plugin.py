@@ -1,6 +1,7 @@
 """The `golden` pytest fixture (mpt.pytest_plugin), run in isolated inner pytest sessions."""
 import json
 
+import numpy as np
 import pytest
 
 from mpt.pytest_plugin import entry_point_active
@@ -84,3 +85,36 @@ def test_bad_arguments(golden):
         golden({})
     with pytest.raises(ValueError, match="max_ulp"):
         golden({"y": 1}, max_ulp=-1)
+
+
+def test_regen_writes_a_checked_suite_with_a_digest(pytester):
+    from mpt import golden as suites
+
+    _run(pytester, "--mpt-regen-golden").assert_outcomes(passed=2)
+    folder = pytester.path / "golden"
+    manifest = suites.read_manifest(folder)                    # every field and the digest
+    assert manifest["digest"] == suites.suite_digest(folder)
+    assert {e["kind"] for e in manifest["cases"]} == {suites.FIXTURE_KIND}
+    pytester.makepyfile(test_pin=f"""
+def test_pin(golden):
+    assert golden.digest == {manifest["digest"]!r}
+""")
+    plugin = [] if entry_point_active() else ["-p", "mpt.pytest_plugin"]
+    pytester.runpytest_inprocess(*plugin, "test_pin.py").assert_outcomes(passed=1)
+
+
+def test_a_hand_edited_contract_fails(pytester):
+    _run(pytester, "--mpt-regen-golden").assert_outcomes(passed=2)
+    path = pytester.path / "golden" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["cases"][1]["contract"] = {"max_ulp": 1000, "text": "<= 1000 ULP"}
+    path.write_text(json.dumps(manifest))
+    result = _run(pytester, bump="3")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*does not match its digest*"])
+
+
+@pytest.mark.parametrize("outputs", [{"a/b": 1}, {"..": 1}, {"": 1}, {1: 1}])
+def test_array_names_must_be_plain(golden, outputs):
+    with pytest.raises(ValueError, match="outputs: names must match"):
+        golden({k: np.zeros(1) if v else v for k, v in outputs.items()})

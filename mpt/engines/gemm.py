@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpt import rounding as _rounding
+from mpt._checks import check_int
 from mpt.engines.model import get_mma_model
 from mpt.engines.operands import operands_class, tiles
 from mpt.formats import get_format
@@ -166,14 +167,6 @@ class Scale:
         raise ValueError(f"{arg} must be {need}; got shape {s.shape}")
 
 
-def _check_count(name, value, allow_none=False):
-    if allow_none and value is None:
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be {'None or ' if allow_none else ''}a positive int; "
-                         f"got {value!r}")
-
-
 @_ieee_values
 def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, scale_b=None,
          out_format="fp32", in_format=None, accumulate="fp32", variant=None):
@@ -209,8 +202,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     out_name = get_format(out_format).name
     if out_name not in ("fp32", "fp16", "bf16"):
         raise ValueError(f"out_format must be 'fp32', 'fp16' or 'bf16'; got {out_format!r}")
-    _check_count("split_k", split_k)
-    _check_count("promote_every", promote_every, allow_none=True)
+    split_k = check_int("split_k", split_k, min=1)
+    promote_every = check_int("promote_every", promote_every, min=1, optional=True)
     scaled = scale_a is not None or scale_b is not None
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "

@@ -29,6 +29,10 @@ class FmaOperands(PackedOperands):
 
     acc_dtype = np.float32
 
+    @classmethod
+    def check_config(cls, cfg):
+        _check_per_k(cfg)
+
     def prepare(self):
         self.rows = _gemm.ROWS
         self.pack()
@@ -37,9 +41,19 @@ class FmaOperands(PackedOperands):
         _gemm.fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
 
 
+def _check_per_k(cfg):
+    if cfg.block != 1:
+        raise ValueError(f"an IEEE model computes one product at a time: block must be 1; got "
+                         f"{cfg.block}")
+
+
 @register_kind("ieee_mul_add")
 class MulAddOperands(Operands):
     acc_dtype = np.float32
+
+    @classmethod
+    def check_config(cls, cfg):
+        _check_per_k(cfg)
 
     def chain(self, acc, k0, k1):
         _mma.mul_add_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
@@ -48,6 +62,12 @@ class MulAddOperands(Operands):
 @register_kind("exact")
 class ExactOperands(Operands):
     """float64 accumulator holding values of the output format; one task per output row."""
+
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.block is not None:
+            raise ValueError(f"the exact model sums all of K at once: block must be None; got "
+                             f"{cfg.block}")
 
     def prepare(self):
         precision, emin, largest, _ = output_params(self.cfg.output(self.out_format)[0])

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from mpt._checks import check_int
+from mpt.engines.operands import operands_class
+from mpt.formats import get_format
+
 __all__ = ["EVIDENCE", "Assumption", "MMAConfig", "MMAModel", "register_model", "mma_models",
            "get_mma_model"]
 
@@ -64,6 +68,22 @@ class MMAConfig:
     params: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
+        """The structure every kind relies on (each kind's operand class checks its own
+        parameters when a model is built: ``Operands.check_config``)."""
+        if not isinstance(self.inputs, tuple) or not self.inputs or \
+                any(get_format(f).name != f or get_format(f).kind != "float" for f in self.inputs):
+            raise ValueError(f"inputs must be a non-empty tuple of float format names; got "
+                             f"{self.inputs!r}")
+        check_int("block", self.block, min=1, optional=True)
+        check_int("fraction_bits", self.fraction_bits, min=0, optional=True)
+        if not isinstance(self.outputs, tuple) or not self.outputs or not all(
+                isinstance(o, tuple) and len(o) == 3 and isinstance(o[1], str)
+                for o in self.outputs):
+            raise ValueError(f"outputs must be a non-empty tuple of (format, rounding, e_zero); "
+                             f"got {self.outputs!r}")
+        for name, _, e_zero in self.outputs:
+            get_format(name)
+            check_int(f"e_zero of output {name}", e_zero, optional=True)
         if self.evidence not in EVIDENCE:
             raise ValueError(f"evidence must be one of {EVIDENCE}; got {self.evidence!r}")
 
@@ -100,6 +120,21 @@ class MMAModel:
     aliases: tuple[str, ...] = ()
     assumptions: tuple[Assumption, ...] = ()
     choices: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self):
+        """A name, a registered kind (ValueError listing the kinds), and configurations that
+        kind's operand class accepts (``Operands.check_config``)."""
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"name must be a non-empty str; got {self.name!r}")
+        kind = operands_class(self.kind)
+        if not isinstance(self.configs, tuple) or not self.configs or \
+                not all(isinstance(c, MMAConfig) for c in self.configs):
+            raise TypeError(f"configs must be a non-empty tuple of MMAConfig; got "
+                            f"{self.configs!r}")
+        for cfg in self.configs:
+            kind.check_config(cfg)
+        if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
+            raise TypeError(f"aliases must be a tuple of str; got {self.aliases!r}")
 
     @property
     def input_formats(self) -> tuple[str, ...]:

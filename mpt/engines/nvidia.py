@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.engines.model import MMAConfig, MMAModel, register_model
 from mpt.engines.operands import PackedOperands, emin_pow2, output_params, register_kind
+from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
 
@@ -35,6 +37,22 @@ class BlockOperands(PackedOperands):
     """The block model: operands decoded into (value, nominal power of two) pairs; the
     register-blocked kernel when the operands meet its conditions (finite, non-zero products in
     [2^-60, 2^60], block·2^(F+2) <= 2^31), else the general kernel."""
+
+    @classmethod
+    def check_config(cls, cfg):
+        """``block`` in [1, 32] and ``fraction_bits`` in [0, 25] (where the kernels' float64
+        arithmetic is exact, mpt.kernels.mma), outputs fp32/fp16 with a block rounding and an
+        ``e_zero`` in [-300, emin of the output) (a zero term must weigh less than any non-zero
+        accumulator)."""
+        check_int("block", cfg.block, min=1, max=32)
+        check_int("fraction_bits", cfg.fraction_bits, min=0, max=25)
+        for name, rounding, e_zero in cfg.outputs:
+            if name not in ("fp32", "fp16") or rounding not in ("rz_fp32", "rz_e8m13", "rne_fp16"):
+                raise ValueError(f"each output of a block model must be ('fp32' or 'fp16', "
+                                 f"'rz_fp32' | 'rz_e8m13' | 'rne_fp16', e_zero); got "
+                                 f"{(name, rounding, e_zero)!r}")
+            check_int(f"e_zero of output {name}", e_zero, min=-300,
+                      max=get_format(name).emin - 1)
 
     def prepare(self):
         cfg = self.cfg

@@ -80,6 +80,11 @@ class Operands:
 
     acc_dtype = np.float64
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Refuse a configuration whose parameters this kind's kernels cannot run exactly
+        (ValueError naming the parameter). Subclasses override it."""
+
     def __init__(self, model, cfg, a, b, formats, out_format, batch):
         self.model, self.cfg = model, cfg
         self.formats, self.out_format = tuple(formats), out_format

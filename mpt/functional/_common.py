@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.formats import Format
 from mpt.kernels.ops import sum_anb
 from mpt.tensor import Tensor, opmath
 
 __all__ = ["check_tensor", "common_format", "work_dtype", "operand", "sum_axes", "unbroadcast",
-           "normalize_dim", "as_index_array"]
+           "normalize_dim", "as_index_array", "as_rows"]
 
 
 def check_tensor(x, arg: str, op: str) -> Tensor:
@@ -48,9 +49,15 @@ def operand(v, work):
     return np.asarray(v, dtype=work)
 
 
+def as_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` as a C-contiguous (R, N) array of rows along its last axis, R the product of the
+    other dimensions (also when N = 0, where ``reshape(-1, 0)`` is ambiguous)."""
+    return np.ascontiguousarray(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)),
+                                           x.shape[-1])
+
+
 def normalize_dim(dim: int, ndim: int, op: str) -> int:
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise TypeError(f"{op}: dim must be an int; got {type(dim).__name__}")
+    check_int(f"{op}: dim", dim)
     if not -max(ndim, 1) <= dim < max(ndim, 1):
         raise ValueError(f"{op}: dim {dim} is out of range for a tensor with {ndim} dimensions")
     return dim % max(ndim, 1)

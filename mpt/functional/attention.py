@@ -43,10 +43,12 @@ import math
 
 import numpy as np
 
+from mpt._checks import check_bool, check_int, check_real
 from mpt.autocast import autocast_op, current_model
 from mpt.formats import get_format
 from mpt.function import Function
-from mpt.functional._common import check_tensor, common_format, unbroadcast, work_dtype
+from mpt.functional._common import (as_rows, check_tensor, common_format, unbroadcast,
+                                    work_dtype)
 from mpt.functional.linalg import gemm, gemm_model
 from mpt.functional.nn_ops import _next_stream, dropout_mask
 from mpt.functional.shape import getitem
@@ -63,7 +65,9 @@ _BF16 = get_format("bf16")
 
 
 def causal_mask(L: int, S: int) -> np.ndarray:
-    """(L, S) bool, True where query i may attend key j: ``j <= i + S − L`` (bottom-right)."""
+    """(L, S) bool, True where query i may attend key j: ``j <= i + S − L`` (bottom-right).
+    ``L`` and ``S``: ints >= 0."""
+    L, S = check_int("L", L, min=0), check_int("S", S, min=0)
     return np.arange(S)[None, :] <= np.arange(L)[:, None] + (S - L)
 
 
@@ -85,7 +89,7 @@ class Attention(Function):
             if mask is not None:
                 s = np.where(mask, s, work(-np.inf))
             shape = s.shape
-            p, m, _ = softmax_rows(np.ascontiguousarray(s).reshape(-1, shape[-1]), False)
+            p, m, _ = softmax_rows(as_rows(s), False)
         p[m == -np.inf] = 0                                           # all keys excluded
         p = p.reshape(shape)                                          # (..., L, S)
         keep = None
@@ -114,8 +118,7 @@ class Attention(Function):
             dp = (dp * keep) * ctx.drop_scale
         shape = p.shape
         with np.errstate(invalid="ignore", over="ignore"):
-            ds = softmax_backward_rows(p.reshape(-1, shape[-1]),
-                                       np.ascontiguousarray(dp).reshape(-1, shape[-1]))
+            ds = softmax_backward_rows(as_rows(p), as_rows(dp))
             ds = round_to(ds.reshape(shape) * ctx.scale, fmt)
         dq = unbroadcast(gemm(ds, k, fmt, ctx.model), q.shape) if need_q else None
         dk = unbroadcast(gemm(_t(ds), q, fmt, ctx.model), k.shape) if need_k else None
@@ -244,9 +247,7 @@ def _flash_attention(query, key, value, fmt, attn_mask, is_causal, scale, dropou
         raise TypeError(f"scaled_dot_product_attention: backend='flash' takes "
                         f"{', '.join(_FLASH_FORMATS)} inputs; got {fmt.name}")
     for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"scaled_dot_product_attention: {name} must be a positive int; "
-                             f"got {b!r}")
+        check_int(f"scaled_dot_product_attention: {name}", b, min=1)
     if key.shape[:-2] != value.shape[:-2]:
         raise ValueError("scaled_dot_product_attention: backend='flash' needs k and v with the "
                          f"same batch dimensions; got {key.shape} and {value.shape}")
@@ -291,13 +292,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     if backend not in BACKENDS:
         raise ValueError(f"scaled_dot_product_attention: backend must be one of "
                          f"{', '.join(map(repr, BACKENDS))}; got {backend!r}")
+    for name, flag in (("is_causal", is_causal), ("enable_gqa", enable_gqa), ("exp2", exp2)):
+        check_bool(f"scaled_dot_product_attention: {name}", flag)
     if is_causal and attn_mask is not None:
         raise ValueError("scaled_dot_product_attention: give attn_mask or is_causal, not both")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError("scaled_dot_product_attention: dropout_p must be in [0, 1); "
-                         f"got {dropout_p}")
+    dropout_p = check_real("scaled_dot_product_attention: dropout_p", dropout_p, min=0, lt=1)
     group = _check_gqa(query, key, value) if enable_gqa else 1
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    if scale is None and query.shape[-1] == 0:
+        raise ValueError("scaled_dot_product_attention: the default scale 1/sqrt(E) needs E >= 1; "
+                         "pass scale for E = 0")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else \
+        check_real("scaled_dot_product_attention: scale", scale)
     if backend == "flash":
         return _flash_attention(query, key, value, fmt, attn_mask, is_causal, scale, dropout_p,
                                 enable_gqa, block_q, block_k, exp2)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.autocast import autocast_op, current_model
 from mpt.function import Function
 from mpt.functional._common import check_tensor, common_format, sum_axes
@@ -29,11 +30,10 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _pair(v, arg: str, op: str, minimum: int) -> tuple:
-    pair = (v, v) if isinstance(v, (int, np.integer)) else tuple(v)
-    if len(pair) != 2 or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool)
-                                 and n >= minimum for n in pair):
+    pair = (v, v) if isinstance(v, (int, np.integer)) else v
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
         raise ValueError(f"{op}: {arg} must be an int >= {minimum} or a pair of them; got {v!r}")
-    return tuple(int(n) for n in pair)
+    return tuple(check_int(f"{op}: {arg}", n, min=minimum) for n in pair)
 
 
 def _out_size(size, k, s, p, d, op):

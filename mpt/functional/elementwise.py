@@ -353,12 +353,13 @@ class Pow(Function):
     @staticmethod
     def forward(ctx, a, b, fmt):
         work = work_dtype(fmt)
-        x, y = np.broadcast_arrays(operand(a, work), operand(b, work))
-        x, y = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
         ctx.out_format = fmt
         ctx.shapes = (np.shape(a), np.shape(b))
-        ctx.save_for_backward(x, y)
         shape = np.broadcast_shapes(*ctx.shapes)
+        # own copies: np.broadcast_arrays' views are flagged "warn on write", and handing one to
+        # a Numba kernel raises NumPy's FutureWarning about writing to broadcast arrays
+        x, y = (np.array(np.broadcast_to(operand(v, work), shape)).reshape(-1) for v in (a, b))
+        ctx.save_for_backward(x, y)
         return round_to(pow_elementwise(x, y, x, 0).reshape(shape), fmt)
 
     @staticmethod

@@ -31,7 +31,7 @@ import numpy as np
 from mpt.autocast import autocast_op, current_model
 from mpt.engines import gemm as _mma_gemm
 from mpt.function import Function
-from mpt.functional._common import check_tensor, common_format, sum_axes, unbroadcast
+from mpt.functional._common import as_rows, check_tensor, common_format, sum_axes, unbroadcast
 from mpt.functional.gemm_plan import GemmPlan, Operand, per_axis, quantize_operand
 from mpt.kernels.ops import matmul_f64
 from mpt.tensor import opmath, round_to
@@ -99,7 +99,7 @@ class Linear(Function):
     def forward(ctx, x, w, b, fmt, plan=_DEFAULT_PLAN, states=None):
         states = states or {}
         ctx.model = current_model()
-        x2 = x.reshape(-1, x.shape[-1])                                   # (M, in)
+        x2 = as_rows(x)                                   # (M, in)
         qx = _Quantizer(x2, plan.input, states.get("input"))
         qw = _Quantizer(w, plan.weight, states.get("weight"))
         acc = _run(qx.along(1), qw.along(1).T, plan.fprop.model or ctx.model,
@@ -120,11 +120,11 @@ class Linear(Function):
         saved = ctx.saved
         if plan.input.scaling == "none" and plan.weight.scaling == "none":
             x, w = saved
-            ox = _Quantizer(x.reshape(-1, x.shape[-1]), plan.input, None).along(0)
+            ox = _Quantizer(as_rows(x), plan.input, None).along(0)
             ow = _Quantizer(w, plan.weight, None).along(0)
         else:
             ox, ow = saved
-        g2 = g.reshape(-1, g.shape[-1])                                   # (M, out)
+        g2 = as_rows(g)                                   # (M, out)
         qg = _Quantizer(g2, plan.grad_output, ctx.states.get("grad_output"))
         if "grad_output" in plan.stateful_roles():
             qg.along(1)               # a stateful rule sees every gradient (it records amax)

@@ -14,8 +14,8 @@ import numpy as np
 
 from mpt.autocast import autocast_op
 from mpt.function import Function
-from mpt.functional._common import (as_index_array, check_tensor, common_format, sum_axes,
-                                    work_dtype)
+from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
+                                    sum_axes, work_dtype)
 from mpt.kernels.ops import cross_entropy_backward_rows, cross_entropy_rows
 from mpt.tensor import opmath, round_to
 
@@ -44,7 +44,7 @@ def _to_rows(x: np.ndarray) -> np.ndarray:
     """(C,) / (N, C) / (N, C, d1, …) → C-contiguous (R, C) with the class dimension last."""
     if x.ndim == 1:
         return x.reshape(1, -1)
-    return np.ascontiguousarray(np.moveaxis(x, 1, -1)).reshape(-1, x.shape[1])
+    return as_rows(np.moveaxis(x, 1, -1))
 
 
 def _from_rows(y: np.ndarray, shape: tuple) -> np.ndarray:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_bool, check_int, check_real
 from mpt.autocast import autocast_op
 from mpt.autograd.context import State
 from mpt.formats import get_format
 from mpt.function import Function
-from mpt.functional._common import (as_index_array, check_tensor, common_format, normalize_dim,
-                                    sum_axes, work_dtype)
+from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
+                                    normalize_dim, sum_axes, work_dtype)
 from mpt.kernels.ops import (embedding_backward, layer_norm_backward_rows, layer_norm_rows,
                              log_softmax_backward_rows, rms_norm_backward_rows, rms_norm_rows,
                              softmax_backward_rows, softmax_rows)
@@ -32,7 +33,7 @@ __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "dro
 
 def _rows(x: np.ndarray, axis: int) -> np.ndarray:
     """x (work dtype) with ``axis`` moved last, as a C-contiguous (R, N) array."""
-    return np.ascontiguousarray(np.moveaxis(x, axis, -1)).reshape(-1, x.shape[axis])
+    return as_rows(np.moveaxis(x, axis, -1))
 
 
 def _unrows(y: np.ndarray, shape: tuple, axis: int) -> np.ndarray:
@@ -151,7 +152,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     weight = _affine(weight, shape, "layer_norm", "weight")
     bias = _affine(bias, shape, "layer_norm", "bias")
     fmt = common_format("layer_norm", input=input, weight=weight, bias=bias)
-    return LayerNorm.apply(input, weight, bias, fmt, int(np.prod(shape)), float(eps))
+    eps = check_real("layer_norm: eps", eps, min=0)
+    return LayerNorm.apply(input, weight, bias, fmt, int(np.prod(shape)), eps)
 
 
 class RMSNorm(Function):
@@ -188,7 +190,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     shape = _norm_shape(input, normalized_shape, "rms_norm")
     weight = _affine(weight, shape, "rms_norm", "weight")
     fmt = common_format("rms_norm", input=input, weight=weight)
-    eps = fmt.eps if eps is None else float(eps)
+    eps = fmt.eps if eps is None else check_real("rms_norm: eps", eps, min=0)
     return RMSNorm.apply(input, weight, fmt, int(np.prod(shape)), eps)
 
 
@@ -240,9 +242,7 @@ RNG = State("dropout_rng", (0, 0))
 
 def manual_seed(seed: int) -> None:
     """Seed the dropout generator (Philox key) and restart its per-call counter at 0."""
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64); got {seed!r}")
-    RNG.set((int(seed), 0))
+    RNG.set((check_int("seed", seed, min=0, max=2**64 - 1), 0))
 
 
 def get_rng_state() -> tuple:
@@ -252,9 +252,12 @@ def get_rng_state() -> tuple:
 
 def set_rng_state(state: tuple) -> None:
     """Restore a state from :func:`get_rng_state` (e.g. to recompute a checkpointed forward)."""
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"state must be a (seed, counter) pair from get_rng_state(); got {state!r}")
     seed, counter = state
+    counter = check_int("state counter", counter, min=0)
     manual_seed(seed)
-    RNG.set((int(seed), int(counter)))
+    RNG.set((int(seed), counter))
 
 
 def _next_stream() -> tuple:
@@ -293,9 +296,9 @@ def dropout(input, p: float = 0.5, training: bool = True, *, seed=None, stream=N
     and a per-call counter (so a run is reproducible, and :func:`set_rng_state` replays it).
     ``training=False`` or ``p=0`` returns ``input`` itself; ``p=1`` zeros everything."""
     check_tensor(input, "input", "dropout")
-    if not 0.0 <= p <= 1.0:
+    if not 0.0 <= check_real("dropout: p", p) <= 1.0:
         raise ValueError(f"dropout: p must be in [0, 1]; got {p}")
-    if not training or p == 0.0:
+    if not check_bool("dropout: training", training) or p == 0.0:
         return input
     if seed is None:
         seed, stream = _next_stream()

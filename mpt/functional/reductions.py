@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_bool, check_real
 from mpt.autocast import autocast_op
 from mpt.function import Function
 from mpt.functional._common import check_tensor, normalize_dim, sum_axes, work_dtype
@@ -66,7 +67,7 @@ class Mean(Function):
         ctx.shape, ctx.axes, ctx.n = x.shape, axes, n
         with np.errstate(invalid="ignore", divide="ignore"):
             factor = work(1) / work(n)  # PyTorch's CUDA MeanOps: sum · f32(1/n)
-        s = sum_axes(opmath(x), axes) * factor
+            s = sum_axes(opmath(x), axes) * factor      # n = 0: 0·inf = NaN, as PyTorch
         return round_to(s.reshape(_kept_shape(x.shape, axes)) if keepdim else s, fmt)
 
     @staticmethod
@@ -86,9 +87,9 @@ class Var(Function):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             mean = (sum_axes(xw, axes) * (work(1) / work(n))).reshape(_kept_shape(x.shape, axes))
             d = xw - mean
-            v = sum_axes(d * d, axes) / work(n - correction)
+            v = sum_axes(d * d, axes) / work(n - correction if n > correction else 0)  # max(n − c, 0)
         ctx.out_format = fmt
-        ctx.c = work(2.0 / (n - correction)) if n != correction else work(np.inf)
+        ctx.c = work(2.0 / (n - correction)) if n > correction else work(np.inf)
         ctx.shape, ctx.axes = x.shape, axes
         ctx.save_for_backward(d)
         return round_to(v.reshape(_kept_shape(x.shape, axes)) if keepdim else v, fmt)
@@ -131,7 +132,8 @@ def sum(input, dim=None, keepdim: bool = False):
     """Σ over ``dim`` (None: all), accumulated in the work dtype in the fixed order of the module
     docstring, rounded once to the format. Autocast: fp32 output. Backward: g broadcast."""
     check_tensor(input, "input", "sum")
-    return Sum.apply(input, input.format, _axes(dim, input.ndim, "sum"), bool(keepdim))
+    return Sum.apply(input, input.format, _axes(dim, input.ndim, "sum"),
+                     check_bool("sum: keepdim", keepdim))
 
 
 @autocast_op("passthrough")
@@ -139,18 +141,22 @@ def mean(input, dim=None, keepdim: bool = False):
     """Mean over ``dim``: the fixed-order sum times ``f32(1/n)`` (PyTorch's CUDA ``MeanOps``),
     rounded once to the format. Backward ``g / n`` broadcast."""
     check_tensor(input, "input", "mean")
-    return Mean.apply(input, input.format, _axes(dim, input.ndim, "mean"), bool(keepdim))
+    return Mean.apply(input, input.format, _axes(dim, input.ndim, "mean"),
+                      check_bool("mean: keepdim", keepdim))
 
 
 @autocast_op("passthrough")
 def var(input, dim=None, *, correction: int = 1, keepdim: bool = False):
     """Variance over ``dim``, two passes in the work dtype: ``mean = Σx·f32(1/n)``,
-    ``Σ(x − mean)²`` (fixed order) divided by ``n − correction``; rounded once to the format.
-    (PyTorch's GPU kernels use Welford's update, whose bits differ.) Backward
-    ``(f32(2/(n − correction))·g)·(x − mean)``."""
+    ``Σ(x − mean)²`` (fixed order) divided by ``max(n − correction, 0)``, as PyTorch's divisor:
+    with ``correction >= n`` the result is ``+inf`` (or NaN where every deviation is 0, 0/0),
+    never a negative variance; rounded once to the format. (PyTorch's GPU kernels use Welford's
+    update, whose bits differ.) Backward ``(f32(2/(n − correction))·g)·(x − mean)``, with the
+    factor ``+inf`` when ``correction >= n``. ``correction``: a finite real (PyTorch's Scalar)."""
     check_tensor(input, "input", "var")
-    return Var.apply(input, input.format, _axes(dim, input.ndim, "var"), int(correction),
-                     bool(keepdim))
+    correction = check_real("var: correction", correction)
+    return Var.apply(input, input.format, _axes(dim, input.ndim, "var"), correction,
+                     check_bool("var: keepdim", keepdim))
 
 
 @autocast_op("passthrough")
@@ -161,4 +167,4 @@ def max(input, dim=None, keepdim: bool = False):
     if input.size == 0:
         raise ValueError("max: input has no elements")
     axis = None if dim is None else normalize_dim(dim, input.ndim, "max")
-    return Max.apply(input, input.format, axis, bool(keepdim))
+    return Max.apply(input, input.format, axis, check_bool("max: keepdim", keepdim))

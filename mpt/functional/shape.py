@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt._checks import check_int
 from mpt.autocast import autocast_op
 from mpt.function import Function
 from mpt.functional._common import (check_tensor, common_format, normalize_dim, unbroadcast,
@@ -31,9 +32,10 @@ def _readonly(out: np.ndarray, x: np.ndarray) -> np.ndarray:
 def _shape_arg(shape, op: str) -> tuple:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
-        raise TypeError(f"{op}: shape must be ints; got {shape}")
-    return tuple(int(n) for n in shape)
+    shape = tuple(check_int(f"{op}: shape[{i}]", n, min=-1) for i, n in enumerate(shape))
+    if shape.count(-1) > 1:
+        raise ValueError(f"{op}: only one dimension of shape can be -1 (inferred); got {shape}")
+    return shape
 
 
 class Reshape(Function):

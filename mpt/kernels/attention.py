@@ -55,6 +55,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
+from mpt._checks import check_int
 from mpt.kernels.gemm import COLS, ROWS, fma_tile
 from mpt.kernels.mma import block_finish, block_scale, block_start, threads_for
 from mpt.kernels.random import philox_block, split64
@@ -482,8 +483,7 @@ def _check(q, k, v, kv_of, block_q, block_k):
         raise ValueError(f"kv_of must map each of the {q.shape[0]} query batches to one of "
                          f"{k.shape[0]} key/value batches")
     for name, b in (("block_q", block_q), ("block_k", block_k)):
-        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-            raise ValueError(f"{name} must be a positive int; got {b!r}")
+        check_int(name, b, min=1)
 
 
 def flash_forward(q, k, v, kv_of, *, scale, causal, block_q, block_k, exp2, engine, rounding,

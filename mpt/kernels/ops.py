@@ -76,7 +76,9 @@ def sum_anb(x):
 
 @njit(inline="always")
 def _row_max(row):
-    m = row[0]
+    """The largest element of a row (a NaN sticks); −inf for an empty row, the max of nothing
+    (starting from −inf gives the same result as starting from ``row[0]`` otherwise)."""
+    m = row.dtype.type(-np.inf)
     for v in row:
         if v > m or v != v:  # a NaN sticks (NaN > m and NaN <= m are both false)
             m = v

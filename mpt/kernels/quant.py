@@ -56,6 +56,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from mpt._checks import check_int, check_real
 from mpt.kernels.fma import fma32
 
 __all__ = [
@@ -126,10 +127,7 @@ def _as_f32(name, x) -> np.ndarray:
 
 def _check_range(qmin, qmax, zero_point):
     for name, v in (("quant_min", qmin), ("quant_max", qmax)):
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise TypeError(f"{name} must be an int; got {type(v).__name__}")
-        if not -(2**31) <= v < 2**31:
-            raise ValueError(f"{name} must fit in int32; got {v}")
+        check_int(name, v, min=-(2**31), max=2**31 - 1)                    # fits in int32
     if qmin > qmax:
         raise ValueError(f"quant_min must be <= quant_max; got {qmin} > {qmax}")
     z = np.asarray(zero_point)
@@ -169,9 +167,7 @@ def fake_quant_per_tensor(x, scale, zero_point: int, quant_min: int, quant_max: 
 
 def _channel_view(x: np.ndarray, axis: int) -> np.ndarray:
     """``x`` as (outer, C, inner) with ``axis`` in the middle (a view of a C-contiguous array)."""
-    if not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis must be an int in [{-x.ndim}, {x.ndim}); got {axis!r}")
-    axis %= x.ndim
+    axis = check_int("axis", axis, min=-x.ndim, max=x.ndim - 1) % x.ndim
     outer = int(np.prod(x.shape[:axis], dtype=np.int64))
     inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
     return x.reshape(outer, x.shape[axis], inner)
@@ -295,12 +291,21 @@ def _encode(x, decision, codes):  # x: (n,) float32; decision: (L-1,) float64 as
         codes[i] = np.searchsorted(decision, np.float64(x[i]), side="left")  # #{k : m_k < x}
 
 
+def _decision(decision) -> np.ndarray:
+    """Decision points as a contiguous float64 vector of at most 255 (codes fit in a uint8)."""
+    d = np.ascontiguousarray(decision, dtype=np.float64)
+    if d.ndim != 1 or d.size > 255:
+        raise ValueError(f"decision must be a 1-D array of at most 255 points (uint8 codes); got "
+                         f"shape {d.shape}")
+    return d
+
+
 def codebook_encode(x, decision) -> np.ndarray:
     """uint8 codes ``#{k : x > decision[k]}`` of float32 ``x`` (nearest level when ``decision``
     holds the exact midpoints of sorted levels; an exact tie goes to the lower level)."""
     x = _as_f32("x", x)
     codes = np.empty(x.size, np.uint8)
-    _encode(x.ravel(), np.ascontiguousarray(decision, dtype=np.float64), codes)
+    _encode(x.ravel(), _decision(decision), codes)
     return codes.reshape(x.shape)
 
 
@@ -322,14 +327,12 @@ def blockwise_absmax_encode(x, blocksize: int, decision):
     block ``absmax = max|x|``, ``codes = codebook_encode(fl32(x · fl32(1/absmax)))`` (0 for a zero
     block). The last block may be partial."""
     x = _as_f32("x", x).ravel()
-    if not isinstance(blocksize, (int, np.integer)) or blocksize < 1:
-        raise ValueError(f"blocksize must be a positive int; got {blocksize!r}")
+    blocksize = check_int("blocksize", blocksize, min=1)
     if not np.isfinite(x).all():
         raise ValueError("x must be finite for absmax quantization")
     codes = np.empty(x.size, np.uint8)
     absmax = np.empty(-(-x.size // blocksize), np.float32)
-    _absmax_encode(x, np.int64(blocksize), np.ascontiguousarray(decision, dtype=np.float64), codes,
-                   absmax)
+    _absmax_encode(x, np.int64(blocksize), _decision(decision), codes, absmax)
     return codes, absmax
 
 
@@ -340,10 +343,21 @@ def _decode(codes, levels, absmax, blocksize, y):  # codes, y: (n,)
 
 
 def blockwise_decode(codes, levels, absmax, blocksize: int) -> np.ndarray:
-    """float32 ``fl32(levels[code] · absmax[block])`` for flat uint8 ``codes``."""
+    """float32 ``fl32(levels[code] · absmax[block])`` for flat uint8 ``codes``.
+
+    Checked first, so that the kernel never reads outside an array: every code indexes
+    ``levels`` and ``absmax`` holds one value per block of ``blocksize`` (at least
+    ``ceil(n/blocksize)``)."""
     codes = np.ascontiguousarray(codes, dtype=np.uint8).ravel()
+    levels, absmax = _as_f32("levels", levels).ravel(), _as_f32("absmax", absmax).ravel()
+    blocksize = check_int("blocksize", blocksize, min=1)
+    if codes.size and codes.max() >= levels.size:
+        raise ValueError(f"codes must index the {levels.size} levels; got code {codes.max()}")
+    if absmax.size < -(-codes.size // blocksize):
+        raise ValueError(f"absmax must hold one value per block of {blocksize} of the "
+                         f"{codes.size} codes ({-(-codes.size // blocksize)}); got {absmax.size}")
     y = np.empty(codes.size, np.float32)
-    _decode(codes, _as_f32("levels", levels), _as_f32("absmax", absmax), np.int64(blocksize), y)
+    _decode(codes, levels, absmax, np.int64(blocksize), y)
     return y
 
 
@@ -381,9 +395,7 @@ def quantize_multiplier(m: float) -> tuple[int, int]:
     ``QuantizeMultiplier``): ``m = f·2^shift`` with ``f ∈ [1/2, 1)`` (``frexp``, exact), ``M0 =
     round_half_away(f·2^31)`` (exact in float64), renormalised when it rounds up to 2^31. Relative
     error ``|M0·2^(shift−31) − m| <= 2^-32·2^shift <= 2^-31·m``."""
-    m = float(m)
-    if not (math.isfinite(m) and m > 0):
-        raise ValueError(f"multiplier must be finite and > 0; got {m!r}")
+    m = check_real("multiplier", m, gt=0)
     f, shift = math.frexp(m)
     m0 = math.floor(f * 2.0**31 + 0.5)
     if m0 == 2**31:

@@ -19,6 +19,8 @@ gives the same words.
 import numpy as np
 from numba import njit, prange
 
+from mpt._checks import check_int
+
 __all__ = ["philox4x32", "philox_block", "philox_word", "fill_words", "split64", "random_words",
            "BLOCK", "CHUNK"]
 
@@ -62,11 +64,7 @@ def philox_word(key, stream, index):
 
 def split64(value, name="seed"):
     """A 64-bit non-negative int as the uint64 pair (lo 32 bits, hi 32 bits) the kernels take."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int in [0, 2**64); got {type(value).__name__}")
-    value = int(value)
-    if not 0 <= value < 1 << 64:
-        raise ValueError(f"{name} must be an int in [0, 2**64); got {value}")
+    value = check_int(name, value, min=0, max=2**64 - 1)
     return np.uint64(value & 0xFFFFFFFF), np.uint64(value >> 32)
 
 
@@ -99,8 +97,6 @@ def random_words(seed, stream, n):
 
     Same (seed, stream, n), same words, on any machine and any Numba thread count.
     """
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be a non-negative int; got {n!r}")
-    out = np.empty(int(n), np.uint32)  # (n,)
+    out = np.empty(check_int("n", n, min=0), np.uint32)  # (n,)
     _fill_words(out, split64(seed, "seed"), split64(stream, "stream"))
     return out
