@@ -35,6 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from mpt._tables import text_table
 from mpt.formats import FORMATS, RoundingMode, get_format
 from mpt.testing import as_bits
 
@@ -60,8 +61,7 @@ def format_table() -> str:
             _fmt_float(f.min_subnormal) if floaty else "-", _fmt_float(f.eps) if floaty else "-",
             "yes" if f.has_inf else "no", f.nan if floaty else "-", np.dtype(f.dtype).name,
         ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+    return text_table(rows)
 
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -170,7 +170,7 @@ def _cmd_golden(args) -> int:
         print(f"wrote mpt's outputs for {args.golden} to {out}")
         return 0
     if args.action == "run-torch":
-        from mpt.golden_torch import run_torch
+        from mpt.golden.torch import run_torch
 
         try:
             out, written, skipped = run_torch(args.golden, args.outputs, device=args.device)

@@ -14,11 +14,13 @@ from hypothesis import HealthCheck, settings
 
 # mpt's `golden` fixture: an installed mpt registers it through its pytest11 entry point; a
 # checkout that is not installed registers it here (never both: pluggy refuses a second copy).
-# The test mirrors mpt.pytest_plugin.entry_point_active(), without importing the plugin before
-# pytest does (it could no longer rewrite its asserts).
+# The test mirrors mpt.golden.pytest_plugin.entry_point_active(), without importing the plugin
+# before pytest does (it could no longer rewrite its asserts); an install of mpt 0.1 named the
+# same plugin mpt.pytest_plugin.
 if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
-        ep.value == "mpt.pytest_plugin" for ep in entry_points(group="pytest11")):
-    pytest_plugins = ["mpt.pytest_plugin"]
+        ep.value in ("mpt.golden.pytest_plugin", "mpt.pytest_plugin")
+        for ep in entry_points(group="pytest11")):
+    pytest_plugins = ["mpt.golden.pytest_plugin"]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from mpt.amp import GradScaler, ScalerUsageError, StaticLossScale
 from mpt.nn import Parameter
 from mpt.optim import SGD, AdamW
 from mpt.reference.optim import f32, grad_scaler_reference
-from mpt.tensor import Tensor
+from mpt.autograd.tensor import Tensor
 
 
 def bits(a):

@@ -5,7 +5,7 @@ import pytest
 
 import mpt
 import mpt.functional as F
-from mpt.autocast import POLICIES
+from mpt.functional.autocast import CATEGORIES
 
 BF16 = ml_dtypes.bfloat16
 
@@ -26,13 +26,13 @@ def bits(x):
 
 
 def test_every_op_is_classified_as_pytorch_does():
-    table = mpt.autocast_policy()
+    table = mpt.autocast_categories()
     ops = set(F.__all__) - HELPERS
     assert ops <= set(table), ops - set(table)
     for op in ops:
         want = next((p for p, names in EXPECTED.items() if op in names), "passthrough")
         assert table[op] == want, op
-        assert getattr(F, op).autocast_policy == want
+        assert getattr(F, op).autocast_category == want
 
 
 # one call per op: a function of (tensor factory) returning the output; the factory makes
@@ -84,7 +84,7 @@ def test_the_table_driven_calls_cover_every_op():
 @pytest.mark.parametrize("region", ["fp16", "bf16"])
 @pytest.mark.parametrize("op", sorted(CALLS))
 def test_op_behaves_as_its_category_says(op, region):
-    policy = mpt.autocast_policy()[op]
+    policy = mpt.autocast_categories()[op]
     for fmt in ("fp32", "fp16", "bf16"):
         with mpt.autocast(region):
             out = CALLS[op](fmt)
@@ -218,7 +218,7 @@ def test_register_autocast_for_user_ops():
         return x * y
 
     wrapped = mpt.register_autocast(scale, "lower")
-    assert mpt.autocast_policy()["scale"] == "lower"
+    assert mpt.autocast_categories()["scale"] == "lower"
     a, b = mpt.tensor([1.0]), mpt.tensor([2.0])
     with mpt.autocast("bf16"):
         assert wrapped(a, b).format.name == "bf16"
@@ -232,9 +232,9 @@ def test_register_autocast_for_user_ops():
     twice = mpt.register_autocast(Twice, "fp32")
     with mpt.autocast("fp16"):
         assert twice(mpt.tensor([1.0], "fp16")).format.name == "fp32"
-    assert mpt.autocast_policy()["Twice"] == "fp32"
-    with pytest.raises(ValueError, match="policy must be one of"):
+    assert mpt.autocast_categories()["Twice"] == "fp32"
+    with pytest.raises(ValueError, match="category must be one of"):
         mpt.register_autocast(scale, "fp8")
     with pytest.raises(TypeError, match="Function subclass"):
         mpt.register_autocast(3, "fp32")
-    assert POLICIES == ("lower", "fp32", "fp32_output", "promote", "passthrough")
+    assert CATEGORIES == ("lower", "fp32", "fp32_output", "promote", "passthrough")

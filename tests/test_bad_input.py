@@ -23,8 +23,8 @@ from mpt import quant as Q
 from mpt._checks import check_bool, check_finite, check_int, check_real
 from mpt.cli import main
 from mpt.kernels import quant as KQ
-from mpt.linears import Fp8Linear
-from mpt.training import TrainConfig, Trainer, learning_rate
+from mpt.amp.linear import Fp8Linear
+from mpt.train.trainer import TrainConfig, Trainer, learning_rate
 
 NAN, INF = math.nan, math.inf
 F32 = np.ones(4, np.float32)

@@ -7,7 +7,7 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt import nn
-from mpt.checkpoint import checkpoint_sequential, segment_sizes
+from mpt.nn.checkpoint import checkpoint_sequential, segment_sizes
 
 CONFIG = dict(vocab=32, d_model=32, n_layers=4, n_heads=4, seq_len=16, dropout=0.1, seed=3)
 

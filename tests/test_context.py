@@ -9,7 +9,7 @@ import pytest
 import mpt
 from mpt import nn
 from mpt.autograd import context
-from mpt.memory import MemoryLedger
+from mpt.autograd.memory import MemoryLedger
 
 
 def bits(x):

@@ -500,7 +500,7 @@ def test_a_failed_write_leaves_the_old_suite(tmp_path, monkeypatch, files):
             raise OSError("disk full")
         return real(path, arrays)
 
-    monkeypatch.setattr(golden, "save_npz", fail_on_second)
+    monkeypatch.setattr(golden.suite, "save_npz", fail_on_second)
     with pytest.raises(OSError, match="disk full"):
         golden.write_suite(_cases(), gdir, force=True)
     assert files(tmp_path) == before and _siblings(gdir) == ["g"]

@@ -18,7 +18,7 @@ COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "reference_results" / 
 @pytest.fixture(scope="module")
 def torch_rows(tmp_path_factory):
     pytest.importorskip("torch")
-    from mpt.golden_torch import run_torch
+    from mpt.golden.torch import run_torch
 
     out, written, skipped = run_torch(COMMITTED, tmp_path_factory.mktemp("torch-out"))
     assert written + skipped == len(golden.load_suite(COMMITTED)) and written > 100

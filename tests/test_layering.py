@@ -1,4 +1,10 @@
-"""The layering of DESIGN.md: imports inside mpt only point down (or sideways within a layer)."""
+"""The layering of docs/design.md: imports inside mpt only point down (or sideways within a
+layer), and the areas of one layer import each other without cycles.
+
+A module's layer is its area's: the first name after ``mpt.`` — a folder (``mpt.engines.nvidia``
+is in ``engines``) or a top-level module (``mpt.formats``). Oracles sit beside the kernels but may
+use nothing of mpt except the format table: they must stay independent of what they check.
+"""
 import ast
 import pathlib
 
@@ -6,20 +12,14 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 
-# Layer of each module (a prefix covers a package). Oracles sit beside the kernels but may use
-# nothing of mpt except the format table: they must stay independent of what they check.
+# Layer of each area (folder or top-level module of mpt).
 LAYERS = {
-    "mpt.formats": 0, "mpt._version": 0, "mpt._checks": 0,
-    "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.engines": 1, "mpt.targets": 1,
-    "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2, "mpt.autograd": 2,
-    "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,
-    "mpt.nn": 4, "mpt.optim": 4, "mpt.amp": 4, "mpt.fp8": 4, "mpt.checkpoint": 4,
-    "mpt.quant": 4, "mpt.lora": 4, "mpt.recipes": 4, "mpt.attention": 4, "mpt.linears": 4,
-    "mpt.diagnostics": 5, "mpt.planning": 5, "mpt.golden": 5, "mpt.golden_cases": 5,
-    "mpt.golden_torch": 5, "mpt.pytest_plugin": 5, "mpt.study": 5, "mpt.cli": 5,
-    "mpt.testing": 5, "mpt._io": 5, "mpt.data": 5, "mpt.corpus": 5, "mpt.training": 5,
-    "mpt.report": 5, "mpt.train_state": 5, "mpt.study_quant": 5,
-    "mpt": 6,  # the package itself re-exports everything: importing it from inside is upward
+    "_version": 0, "_checks": 0, "_io": 0, "_tables": 0, "_compat": 0, "formats": 0,
+    "kernels": 1, "reference": 1, "rounding": 1, "engines": 1, "targets": 1,
+    "autograd": 2,
+    "functional": 3,
+    "nn": 4, "optim": 4, "amp": 4, "quant": 4,
+    "train": 5, "study": 5, "golden": 5, "planning": 5, "testing": 5, "cli": 5, "__main__": 5,
 }
 REFERENCE_MAY_IMPORT = ("mpt.formats", "mpt.reference")
 
@@ -29,11 +29,20 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _area(name: str) -> str:
+    """The area of a module: ``mpt.engines.nvidia`` -> ``engines``; ``mpt`` -> ``mpt``."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "mpt"
+
+
 def _layer(name: str) -> int:
-    best = max((k for k in LAYERS if name == k or name.startswith(k + ".")), key=len, default=None)
-    if best is None:
-        raise AssertionError(f"module {name} has no layer: add it to LAYERS in {__file__}")
-    return LAYERS[best]
+    area = _area(name)
+    if area == "mpt":
+        return 6  # the package itself re-exports everything: importing it from inside is upward
+    if area not in LAYERS:
+        raise AssertionError(f"module {name} is in area {area!r}, which has no layer: add it "
+                             f"to LAYERS in {__file__}")
+    return LAYERS[area]
 
 
 def _imports(path: pathlib.Path, module: str):
@@ -74,3 +83,30 @@ def test_imports_point_down(path):
 def test_every_module_is_classified():
     for path in MODULES:
         _layer(_module_name(path))
+
+
+def test_areas_import_each_other_without_cycles():
+    edges = {}
+    for path in MODULES:
+        area = _area(_module_name(path))
+        for target in _imports(path, _module_name(path)):
+            if _area(target) not in (area, "mpt"):
+                edges.setdefault(area, set()).add(_area(target))
+    state = {}
+
+    def visit(area, trail):
+        if state.get(area) == "done":
+            return
+        assert state.get(area) != "open", f"import cycle between areas: {' -> '.join(trail)}"
+        state[area] = "open"
+        for nxt in sorted(edges.get(area, ())):
+            visit(nxt, trail + [nxt])
+        state[area] = "done"
+
+    for area in sorted(edges):
+        visit(area, [area])
+
+
+def test_no_module_is_much_over_500_lines():
+    long = {(_module_name(p), n) for p in MODULES if (n := len(p.read_text().splitlines())) > 550}
+    assert not long, f"split these modules by job: {sorted(long)}"

@@ -7,8 +7,8 @@ import mpt
 import mpt.functional as F
 from mpt import nn
 from mpt.fp8 import DelayedScaling, quantize
-from mpt.linears import Fp8Linear, Tf32Linear, replace_linears
-from mpt.tensor import Tensor
+from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
+from mpt.autograd.tensor import Tensor
 
 F32 = np.float32
 

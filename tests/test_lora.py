@@ -7,7 +7,7 @@ import pytest
 
 import mpt
 import mpt.functional as F
-import mpt.lora as lora
+import mpt.quant.lora as lora
 import mpt.quant as Q
 from mpt import nn
 from mpt.optim import AdamW

@@ -8,7 +8,7 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt import nn, optim
-from mpt.memory import MemoryLedger, active_ledger
+from mpt.autograd.memory import MemoryLedger, active_ledger
 
 
 def test_roles_formats_views_and_release():

@@ -9,7 +9,8 @@ import mpt
 import mpt.functional as F
 from mpt import nn
 from mpt.kernels.random import random_words
-from mpt.nn import Module, Parameter, _log, gaussian, uniform
+from mpt.nn import Module, Parameter, gaussian, uniform
+from mpt.nn.init import _log, _stream
 
 F32, BF16, F16, F64 = (mpt.get_format(n) for n in ("fp32", "bf16", "fp16", "fp64"))
 U = 2.0**-53  # unit roundoff of float64
@@ -45,7 +46,7 @@ def test_log_matches_libm():
 
 
 def test_uniform_takes_53_bits_of_two_philox_words():
-    w = random_words(5, nn._stream("k"), 6).astype(np.uint64)
+    w = random_words(5, _stream("k"), 6).astype(np.uint64)
     expected = [float((int(w[2 * i]) << 21) | (int(w[2 * i + 1]) >> 11)) * 2.0**-53
                 for i in range(3)]
     got = uniform(5, "k", 3)

@@ -13,7 +13,7 @@ from mpt.optim import SGD, Adam, AdamW, CopyDownStats, clip_grad_norm_
 from mpt.reference.optim import (
     adam_reference, add32, div32, fma32, mul32, sgd_reference, sqrt32, sub32,
 )
-from mpt.tensor import Tensor
+from mpt.autograd.tensor import Tensor
 
 BF16 = ml_dtypes.bfloat16
 

@@ -6,7 +6,7 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt import nn
-from mpt.policy import Policy, get_policy
+from mpt.nn.policy import Policy, get_policy
 
 F32, BF16, F16, F64 = (mpt.get_format(n) for n in ("fp32", "bf16", "fp16", "fp64"))
 

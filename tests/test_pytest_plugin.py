@@ -1,10 +1,10 @@
-"""The `golden` pytest fixture (mpt.pytest_plugin), run in isolated inner pytest sessions."""
+"""The `golden` pytest fixture (mpt.golden.pytest_plugin), run in isolated inner pytest sessions."""
 import json
 
 import numpy as np
 import pytest
 
-from mpt.pytest_plugin import entry_point_active
+from mpt.golden.pytest_plugin import entry_point_active
 
 pytest_plugins = ["pytester"]
 
@@ -27,7 +27,7 @@ def test_ulp(golden):
 def _run(pytester, *args, bump="0"):
     pytester.makepyfile(test_user=TEST_FILE.replace("{bump}", bump))
     # the inner session loads the plugin the way this one did: entry point, else -p
-    plugin = [] if entry_point_active() else ["-p", "mpt.pytest_plugin"]
+    plugin = [] if entry_point_active() else ["-p", "mpt.golden.pytest_plugin"]
     return pytester.runpytest_inprocess(*plugin, *args)
 
 
@@ -67,7 +67,7 @@ def test_tampered_case_file_is_caught_by_its_hash(pytester):
 def test_changed_inputs_are_stale(pytester):
     _run(pytester, "--mpt-regen-golden").assert_outcomes(passed=2)
     pytester.makepyfile(test_user=TEST_FILE.replace("{bump}", "0").replace("-3, 3", "-3, 4"))
-    plugin = [] if entry_point_active() else ["-p", "mpt.pytest_plugin"]
+    plugin = [] if entry_point_active() else ["-p", "mpt.golden.pytest_plugin"]
     result = pytester.runpytest_inprocess(*plugin)
     result.stdout.fnmatch_lines(["*input 'x' changed*--mpt-regen-golden*"])
 
@@ -75,7 +75,7 @@ def test_changed_inputs_are_stale(pytester):
 def test_fixture_is_registered_once_in_this_session(pytestconfig):
     manager = pytestconfig.pluginmanager
     plugins = [p for p in manager.get_plugins()
-               if getattr(p, "__name__", "") == "mpt.pytest_plugin"]
+               if getattr(p, "__name__", "") == "mpt.golden.pytest_plugin"]
     assert len(plugins) == 1
     assert pytestconfig.getoption("--mpt-regen-golden") is False
 
@@ -99,7 +99,7 @@ def test_regen_writes_a_checked_suite_with_a_digest(pytester):
 def test_pin(golden):
     assert golden.digest == {manifest["digest"]!r}
 """)
-    plugin = [] if entry_point_active() else ["-p", "mpt.pytest_plugin"]
+    plugin = [] if entry_point_active() else ["-p", "mpt.golden.pytest_plugin"]
     pytester.runpytest_inprocess(*plugin, "test_pin.py").assert_outcomes(passed=1)
 
 

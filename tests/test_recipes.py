@@ -5,7 +5,7 @@ import json
 import pytest
 
 from mpt.fp8 import DelayedScaling
-from mpt.recipes import RECIPES, Fp8Config, LossScaling, Recipe, get_recipe, recipe_names
+from mpt.amp.recipes import RECIPES, Fp8Config, LossScaling, Recipe, get_recipe, recipe_names
 
 # name: (param, master, compute, autocast, matmul model, loss scaling, fp8, copy-down rounding)
 TABLE = {

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import mpt.quant as Q
-import mpt.study_quant as SQ
+import mpt.study.quant as SQ
 from mpt.cli import main
-from mpt.corpus import MarkovCorpus
+from mpt.train.corpus import MarkovCorpus
 from mpt.study import StudyConfig, run_study, write_report
-from mpt.tensor import Tensor, no_grad
+from mpt.autograd.tensor import Tensor, no_grad
 
 STUDY = StudyConfig()
 CORPUS = MarkovCorpus(STUDY.vocab, STUDY.sharpness, seed=STUDY.corpus_seed)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import mpt
-from mpt.recipes import Recipe, get_recipe
+from mpt.amp.recipes import Recipe, get_recipe
 from mpt.targets import Conversions, Target, get_target, targets
 
 

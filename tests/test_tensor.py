@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import mpt
-from mpt.function import Function
-from mpt.tensor import opmath, round_to
+from mpt.autograd.function import Function
+from mpt.autograd.tensor import opmath, round_to
 
 
 def bits(x):

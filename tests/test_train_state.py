@@ -13,10 +13,10 @@ import pytest
 
 import mpt
 from mpt import nn
-from mpt.corpus import MarkovCorpus
+from mpt.train.corpus import MarkovCorpus
 from mpt._io import dtype_from_name, storable
-from mpt.train_state import CheckpointError, load_checkpoint, save_checkpoint
-from mpt.training import TrainConfig, Trainer
+from mpt.train.state import CheckpointError, load_checkpoint, save_checkpoint
+from mpt.train.trainer import TrainConfig, Trainer
 
 CORPUS = MarkovCorpus(16, 8, seed=0)
 CONFIG = TrainConfig(lr=3e-3, warmup_steps=2, total_steps=8, loss_multiplier=2.0**-8)

@@ -8,11 +8,11 @@ import pytest
 import mpt.functional as F
 from mpt import nn
 from mpt.amp import GradScaler, StaticLossScale
-from mpt.corpus import MarkovCorpus
-from mpt.linears import Fp8Linear, Tf32Linear
+from mpt.train.corpus import MarkovCorpus
+from mpt.amp.linear import Fp8Linear, Tf32Linear
 from mpt.optim import AdamW
-from mpt.recipes import LossScaling, get_recipe, recipe_names
-from mpt.training import StepMetrics, TrainConfig, Trainer, learning_rate
+from mpt.amp.recipes import LossScaling, get_recipe, recipe_names
+from mpt.train.trainer import StepMetrics, TrainConfig, Trainer, learning_rate
 
 CORPUS = MarkovCorpus(16, 8, seed=0)
 

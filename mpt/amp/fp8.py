@@ -36,7 +36,7 @@ import numpy as np
 from mpt._checks import check_array, check_bool, check_int, check_real
 from mpt.formats import Format, get_format
 from mpt.rounding import round as _round
-from mpt.tensor import opmath
+from mpt.autograd.tensor import opmath
 
 __all__ = [
     "DelayedScaling", "DelayedScalingState", "Fp8Array", "quantize", "current_scale",

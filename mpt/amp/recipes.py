@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from mpt._checks import check_int
 from mpt.engines import get_mma_model
 from mpt.formats import get_format, rounding_mode
-from mpt.fp8 import DelayedScaling
+from mpt.amp.fp8 import DelayedScaling
 from mpt.targets import get_target
 
 __all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]

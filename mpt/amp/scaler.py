@@ -40,7 +40,7 @@ import numpy as np
 import mpt.functional  # noqa: F401  (registers the Tensor operators used by scale())
 from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format
-from mpt.tensor import Tensor, opmath, round_to
+from mpt.autograd.tensor import Tensor, opmath, round_to
 
 __all__ = ["GradScaler", "StaticLossScale", "ScaleRecord", "ScalerUsageError"]
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.autograd.hooks import notify_saved
-from mpt.tensor import Tensor, is_grad_enabled, opmath, register_op, round_to
+from mpt.autograd.tensor import Tensor, is_grad_enabled, opmath, register_op, round_to
 
 __all__ = ["Function", "Context", "Cast", "to"]
 

@@ -1,5 +1,5 @@
 """L3: differentiable ops (names and defaults as ``torch.nn.functional``), each with its precision
-contract in its docstring, and the autocast category it declares (``mpt.autocast_policy()``).
+contract in its docstring, and the autocast category it declares (``mpt.autocast_categories()``).
 
 Modules by topic: ``elementwise`` (arithmetic, transcendentals, activations), ``reductions``,
 ``shape``, ``linalg`` (matmul, linear), ``nn_ops`` (softmax, norms, embedding, dropout),
@@ -12,12 +12,13 @@ from mpt.functional.elementwise import (abs, add, clone, div, exp, gelu, log, mu
                                         sigmoid, silu, sqrt, sub, tanh)
 from mpt.functional.linalg import linear, matmul
 from mpt.functional.losses import cross_entropy, mse_loss, nll_loss
-from mpt.functional.nn_ops import (dropout, dropout_mask, embedding, get_rng_state, layer_norm,
-                                   log_softmax, manual_seed, rms_norm, set_rng_state, softmax)
+from mpt.functional.nn_ops import (dropout, dropout_mask, embedding, layer_norm, log_softmax,
+                                   rms_norm, softmax)
+from mpt.functional.rng import get_rng_state, manual_seed, set_rng_state
 from mpt.functional.reductions import max, mean, sum, var
 from mpt.functional.shape import (cat, expand, flatten, getitem, permute, reshape, squeeze, stack,
                                   transpose, unsqueeze, view)
-from mpt.tensor import register_op
+from mpt.autograd.tensor import register_op
 
 __all__ = [
     "add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "pow", "relu", "gelu", "silu",

@@ -44,18 +44,19 @@ import math
 import numpy as np
 
 from mpt._checks import check_bool, check_int, check_real
-from mpt.autocast import autocast_op, current_model
+from mpt.functional.autocast import autocast_op, current_model
 from mpt.formats import get_format
-from mpt.function import Function
+from mpt.autograd.function import Function
 from mpt.functional._common import (as_rows, check_tensor, common_format, unbroadcast,
                                     work_dtype)
 from mpt.functional.linalg import gemm, gemm_model
-from mpt.functional.nn_ops import _next_stream, dropout_mask
+from mpt.functional.nn_ops import dropout_mask
+from mpt.functional.rng import next_stream
 from mpt.functional.shape import getitem
 from mpt.kernels import attention as _flash
 from mpt.kernels.ops import softmax_backward_rows, softmax_rows
 from mpt.engines import get_mma_model
-from mpt.tensor import Tensor, opmath, round_to
+from mpt.autograd.tensor import Tensor, opmath, round_to
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "BACKENDS"]
 
@@ -321,4 +322,4 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
 
 def _dropout(p: float):
     """(p, seed, stream) drawing the next stream of the dropout generator, or None for p = 0."""
-    return (float(p), *_next_stream()) if p > 0.0 else None
+    return (float(p), *next_stream()) if p > 0.0 else None

@@ -1,4 +1,4 @@
-"""L3: autocast — a per-op cast policy (PyTorch's CUDA autocast, ``../shared/specs/amp.md`` §2) and
+"""L3: autocast — per-op casts by cast category (PyTorch's CUDA autocast, docs/amp.md §2) and
 the active matmul model.
 
 Inside ``with mpt.autocast(dtype="fp16", model="hopper"):`` every op declared with
@@ -38,17 +38,17 @@ import functools
 from mpt._checks import check_bool
 from mpt.autograd.context import State
 from mpt.formats import Format, get_format
-from mpt.function import Function
+from mpt.autograd.function import Function
 from mpt.engines import get_mma_model
-from mpt.tensor import Tensor, is_grad_enabled
+from mpt.autograd.tensor import Tensor, is_grad_enabled
 
 __all__ = [
     "autocast", "matmul_model", "autocast_state", "replay_autocast", "AutocastState",
-    "autocast_op", "register_autocast", "autocast_policy", "POLICIES", "cast_for_policy",
+    "autocast_op", "register_autocast", "autocast_categories", "CATEGORIES", "cast_for_category",
     "current_model",
 ]
 
-POLICIES = ("lower", "fp32", "fp32_output", "promote", "passthrough")
+CATEGORIES = ("lower", "fp32", "fp32_output", "promote", "passthrough")
 _FP32 = get_format("fp32")
 _LOWER = (get_format("fp16"), get_format("bf16"))
 _CASTABLE = (_FP32, *_LOWER)
@@ -116,7 +116,7 @@ def _check_model(model) -> str:
 
 
 def autocast(dtype="fp16", model: str = "hopper", enabled: bool = True, cache_enabled: bool = True):
-    """Context manager: run ops under the autocast policy with ``dtype`` ("fp16" | "bf16") as the
+    """Context manager: run ops under autocast (each op cast by its category) with ``dtype`` ("fp16" | "bf16") as the
     lower precision and ``model`` as the matmul model. ``enabled=False`` opens a region where no
     op casts (the matmul model stays what it was)."""
     fmt = get_format(dtype)
@@ -182,11 +182,11 @@ def _map(args, fn):
     return out
 
 
-def cast_for_policy(policy: str, args, kwargs, state: AutocastState):
-    """The arguments of an op of category ``policy`` after the autocast casts of ``state``."""
-    if policy == "lower":
+def cast_for_category(category: str, args, kwargs, state: AutocastState):
+    """The arguments of an op of ``category`` after the autocast casts of ``state``."""
+    if category == "lower":
         target = state.dtype
-    elif policy in ("fp32", "fp32_output"):
+    elif category in ("fp32", "fp32_output"):
         target = _FP32
     else:  # promote / passthrough: the widest castable format, if they differ
         formats = [t.format for t in _tensors([*args, *kwargs.values()]) if t.format in _CASTABLE]
@@ -204,41 +204,43 @@ def cast_for_policy(policy: str, args, kwargs, state: AutocastState):
 _TABLE: dict[str, str] = {}
 
 
-def _check_policy(policy) -> str:
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {', '.join(map(repr, POLICIES))}; got {policy!r}")
-    return policy
+def _check_category(category) -> str:
+    if category not in CATEGORIES:
+        raise ValueError(f"category must be one of {', '.join(map(repr, CATEGORIES))}; got "
+                         f"{category!r}")
+    return category
 
 
-def _wrap(fn, policy: str, name: str):
+def _wrap(fn, category: str, name: str):
     @functools.wraps(fn)
     def op(*args, **kwargs):
         state = AUTOCAST.get()
         if state.enabled:
-            args, kwargs = cast_for_policy(policy, args, kwargs, state)
+            args, kwargs = cast_for_category(category, args, kwargs, state)
         return fn(*args, **kwargs)
-    op.autocast_policy = policy
-    _TABLE[name] = policy
+    op.autocast_category = category
+    _TABLE[name] = category
     return op
 
 
-def autocast_op(policy: str, name: str | None = None):
-    """Decorator declaring an op's autocast category (recorded in :func:`autocast_policy`)."""
-    _check_policy(policy)
-    return lambda fn: _wrap(fn, policy, name or fn.__name__)
+def autocast_op(category: str, name: str | None = None):
+    """Decorator declaring an op's autocast category (recorded in :func:`autocast_categories`)."""
+    _check_category(category)
+    return lambda fn: _wrap(fn, category, name or fn.__name__)
 
 
-def register_autocast(op, policy: str, *, name: str | None = None):
+def register_autocast(op, category: str, *, name: str | None = None):
     """Give a user op (a function, or a :class:`~mpt.function.Function` subclass: its ``apply``)
     an autocast category; returns the wrapped callable to use instead of ``op``."""
-    _check_policy(policy)
+    _check_category(category)
     if isinstance(op, type) and issubclass(op, Function):
-        return _wrap(op.apply, policy, name or op.__name__)
+        return _wrap(op.apply, category, name or op.__name__)
     if not callable(op):
         raise TypeError(f"op must be a function or a Function subclass; got {type(op).__name__}")
-    return _wrap(op, policy, name or getattr(op, "__name__", repr(op)))
+    return _wrap(op, category, name or getattr(op, "__name__", repr(op)))
 
 
-def autocast_policy() -> dict[str, str]:
-    """Every op with an autocast category: ``{name: policy}`` (built-ins and registered ones)."""
+def autocast_categories() -> dict[str, str]:
+    """Every op with an autocast category: ``{name: category}`` (built-ins and registered
+    ones)."""
     return dict(sorted(_TABLE.items()))

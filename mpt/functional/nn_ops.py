@@ -11,21 +11,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt._checks import check_bool, check_int, check_real
-from mpt.autocast import autocast_op
-from mpt.autograd.context import State
+from mpt._checks import check_bool, check_real
+from mpt.functional.autocast import autocast_op
+from mpt.functional.rng import next_stream
 from mpt.formats import get_format
-from mpt.function import Function
+from mpt.autograd.function import Function
 from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
                                     normalize_dim, sum_axes, work_dtype)
 from mpt.kernels.ops import (embedding_backward, layer_norm_backward_rows, layer_norm_rows,
                              log_softmax_backward_rows, rms_norm_backward_rows, rms_norm_rows,
                              softmax_backward_rows, softmax_rows)
 from mpt.kernels.random import random_words
-from mpt.tensor import opmath, round_to
+from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "dropout",
-           "manual_seed", "get_rng_state", "set_rng_state", "dropout_mask"]
+           "dropout_mask"]
 
 
 # ---- softmax -------------------------------------------------------------------------------------
@@ -235,37 +235,6 @@ def embedding(input, weight, padding_idx=None):
 # ---- dropout -------------------------------------------------------------------------------------
 
 
-#: The dropout generator: (seed, counter), thread-local; each dropout call takes Philox stream
-#: ``counter`` under ``seed`` (a context state, replayed by checkpoint recomputation).
-RNG = State("dropout_rng", (0, 0))
-
-
-def manual_seed(seed: int) -> None:
-    """Seed the dropout generator (Philox key) and restart its per-call counter at 0."""
-    RNG.set((check_int("seed", seed, min=0, max=2**64 - 1), 0))
-
-
-def get_rng_state() -> tuple:
-    """``(seed, counter)``: the next dropout call uses Philox stream ``counter`` under ``seed``."""
-    return RNG.get()
-
-
-def set_rng_state(state: tuple) -> None:
-    """Restore a state from :func:`get_rng_state` (e.g. to recompute a checkpointed forward)."""
-    if not isinstance(state, (tuple, list)) or len(state) != 2:
-        raise TypeError(f"state must be a (seed, counter) pair from get_rng_state(); got {state!r}")
-    seed, counter = state
-    counter = check_int("state counter", counter, min=0)
-    manual_seed(seed)
-    RNG.set((int(seed), counter))
-
-
-def _next_stream() -> tuple:
-    seed, counter = RNG.get()
-    RNG.set((seed, counter + 1))
-    return seed, counter
-
-
 def dropout_mask(shape: tuple, p: float, seed: int, stream: int) -> np.ndarray:
     """The keep mask (bool, ``shape``): element i is kept iff word i of the Philox stream
     ``(seed, stream)`` is ≥ ``round(p·2^32)`` — kept with probability 1 − round(p·2^32)/2^32."""
@@ -301,7 +270,7 @@ def dropout(input, p: float = 0.5, training: bool = True, *, seed=None, stream=N
     if not check_bool("dropout: training", training) or p == 0.0:
         return input
     if seed is None:
-        seed, stream = _next_stream()
+        seed, stream = next_stream()
     elif stream is None:
         stream = 0
     if p == 1.0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt.amp import GradScaler
+from mpt.amp.scaler import GradScaler
 from mpt.formats import get_format
 from mpt.functional import scaled_dot_product_attention
 from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
@@ -31,9 +31,10 @@ from mpt.engines import gemm, mma, mma_models
 from mpt.nn import GPT, Parameter
 from mpt.optim import SGD, AdamW
 from mpt.rounding import round as mpt_round
-from mpt.recipes import recipe_names
-from mpt.tensor import Tensor, tensor
-from mpt.training import TrainConfig, Trainer
+from mpt.amp.recipes import recipe_names
+from mpt.autograd.tensor import Tensor, tensor
+from mpt.train.trainer import TrainConfig, Trainer
+
 
 __all__ = ["COMPUTE", "default_cases"]
 

@@ -30,9 +30,11 @@ import numpy as np
 import pytest
 
 from mpt._checks import check_int
-from mpt.golden import (ARRAY_NAME, FIXTURE_KIND, MANIFEST, Case, GoldenError, build_manifest,
-                        load_case, read_manifest, suite_digest, write_case, write_manifest)
+from mpt.golden.manifest import (ARRAY_NAME, FIXTURE_KIND, MANIFEST, Case, GoldenError,
+                                 build_manifest, read_manifest, suite_digest)
+from mpt.golden.suite import load_case, write_case, write_manifest
 from mpt.testing import assert_bits_equal, assert_ulp_close
+
 
 __all__ = ["GoldenFixture", "entry_point_active", "golden"]
 
@@ -43,7 +45,8 @@ def entry_point_active() -> bool:
     """Whether pytest will load this plugin from mpt's installed ``pytest11`` entry point."""
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return False
-    return any(ep.value == __name__ for ep in entry_points(group="pytest11"))
+    return any(ep.value in (__name__, "mpt.pytest_plugin")  # (the 0.1 name)
+               for ep in entry_points(group="pytest11"))
 
 
 def pytest_addoption(parser):

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpt.golden import compute_outputs, load_suite, outputs_folder, save_npz
+from mpt.golden.suite import compute_outputs, load_suite, outputs_folder, save_npz
+
 
 __all__ = ["run_torch", "TORCH_DTYPES"]
 

@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from mpt._checks import check_int
 from mpt.autograd import context
-from mpt.function import Function
-from mpt.functional.nn_ops import RNG
-from mpt.tensor import Tensor, enable_grad, is_grad_enabled, no_grad
+from mpt.autograd.function import Function
+from mpt.autograd.tensor import Tensor, enable_grad, is_grad_enabled, no_grad
+from mpt.functional.rng import RNG
 
 __all__ = ["checkpoint", "checkpoint_sequential", "segment_sizes"]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from mpt.formats import Format, get_format
-from mpt.tensor import Tensor
+from mpt.autograd.tensor import Tensor
 
 __all__ = ["Policy", "get_policy"]
 

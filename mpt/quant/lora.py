@@ -39,10 +39,11 @@ import numpy as np
 
 import mpt.functional as F
 from mpt import nn
+from mpt.nn.layers import fan_in_bound
 from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format
-from mpt.quant import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
-from mpt.tensor import Tensor, no_grad, opmath, round_to
+from mpt.quant.storage import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
+from mpt.autograd.tensor import Tensor, no_grad, opmath, round_to
 
 __all__ = ["LoRALinear", "apply", "merge", "unmerge", "trainable_parameters"]
 
@@ -92,7 +93,7 @@ class LoRALinear(nn.Module):
             self.compute_format, requires_grad=False)
         self.lora_A = nn.Parameter(np.zeros((self.r, in_features), np.float32))
         self.lora_B = nn.Parameter(np.zeros((out_features, self.r), np.float32))
-        nn.init_uniform_(self.lora_A, nn.fan_in_bound(in_features), seed=seed, key=f"{key}.lora_A")
+        nn.init_uniform_(self.lora_A, fan_in_bound(in_features), seed=seed, key=f"{key}.lora_A")
 
     # ---- the frozen base ---------------------------------------------------------------------
     def _store_base(self, w: np.ndarray) -> None:

@@ -51,14 +51,16 @@ from functools import partial
 import numpy as np
 
 import mpt.functional as F
-import mpt.lora as lora
-import mpt.quant as Q
+from mpt.quant import lora
+from mpt import quant as Q
 from mpt import nn
+from mpt._tables import markdown_table, text_table
 from mpt._checks import check_int
-from mpt.corpus import MarkovCorpus
+from mpt.train.corpus import MarkovCorpus
 from mpt.planning import state_bytes_per_parameter
-from mpt.tensor import Tensor, no_grad
-from mpt.training import TrainConfig, Trainer
+from mpt.autograd.tensor import Tensor, no_grad
+from mpt.train.trainer import TrainConfig, Trainer
+
 
 __all__ = ["LORA_FORMATS", "QuantStudyConfig", "QuantStudyResult", "BigramMLP", "run_qat_vs_ptq",
            "run_lora", "run_quant_study", "format_quant_sections", "quant_markdown"]
@@ -365,12 +367,6 @@ def _lora_rows(result) -> list[tuple[str, ...]]:
     return out
 
 
-def _align(rows) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                      enumerate(zip(r, widths))).rstrip() for r in rows]
-
-
 def _titles(result) -> tuple[str, str]:
     c = result.config
     q = (f"QAT vs PTQ: bigram MLP (hidden {c.hidden}) trained {c.mlp_steps} FP32 steps; PTQ "
@@ -385,19 +381,15 @@ def _titles(result) -> tuple[str, str]:
 def format_quant_sections(result) -> str:
     """The two sections as aligned text."""
     q, lo = _titles(result)
-    return "\n".join([q, *_align(_qat_rows(result)), "", lo, *_align(_lora_rows(result))])
-
-
-def _md_table(rows) -> list[str]:
-    md = ["| " + " | ".join(r) + " |" for r in rows]
-    md.insert(1, "|" + "---|" * len(rows[0]))
-    return md
+    return "\n".join([q, text_table(_qat_rows(result), numeric=True), "", lo,
+                      text_table(_lora_rows(result), numeric=True)])
 
 
 def quant_markdown(result) -> str:
     """The two sections as markdown (for report.md)."""
     q, lo = _titles(result)
-    return "\n".join(["## QAT vs post-training quantization", "", q, "", *_md_table(
-        _qat_rows(result)), "", "## LoRA over low-precision bases", "", lo, "",
-        *_md_table(_lora_rows(result)), "", "Setup and columns: `python -c \"import "
-        "mpt.study_quant; help(mpt.study_quant)\"`.", ""])
+    return "\n".join(["## QAT vs post-training quantization", "", q, "",
+                      markdown_table(_qat_rows(result)), "", "## LoRA over low-precision bases",
+                      "", lo, "", markdown_table(_lora_rows(result)), "",
+                      "Setup and columns: `python -c \"import mpt.study.quant; "
+                      "help(mpt.study.quant)\"`.", ""])

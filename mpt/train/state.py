@@ -44,11 +44,11 @@ import numpy as np
 
 from mpt._io import atomic_write_bytes, dtype_from_name, field, load_json, read_in_folder, sha256
 from mpt._io import NATIVE_DTYPES, storable
-from mpt.amp import StaticLossScale
+from mpt.amp.scaler import StaticLossScale
 from mpt.functional import get_rng_state, set_rng_state
-from mpt.nn import _check_loadable
-from mpt.optim import _format_of
-from mpt.training import StepMetrics
+from mpt.nn.module import _check_loadable
+from mpt.optim.optimizer import _format_of
+from mpt.train.trainer import StepMetrics
 
 __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
 

@@ -43,14 +43,14 @@ import numpy as np
 
 import mpt.functional as F
 from mpt._checks import check_bool, check_int, check_real
-from mpt.amp import GradScaler, StaticLossScale
-from mpt.autocast import autocast, matmul_model
-from mpt.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
+from mpt.amp.scaler import GradScaler, StaticLossScale
+from mpt.functional.autocast import autocast, matmul_model
+from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
                              log2_histogram, lost_update_fraction, tensor_cast_stats)
-from mpt.linears import Fp8Linear, Tf32Linear, replace_linears
+from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
 from mpt.optim import AdamW, clip_grad_norm_
-from mpt.recipes import Recipe, get_recipe
-from mpt.tensor import no_grad, opmath
+from mpt.amp.recipes import Recipe, get_recipe
+from mpt.autograd.tensor import no_grad, opmath
 
 __all__ = ["TrainConfig", "StepMetrics", "Trainer", "learning_rate"]
 
