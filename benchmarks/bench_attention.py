@@ -34,7 +34,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import mpt  # noqa: E402
 import mpt.functional as F  # noqa: E402
 from mpt import nn  # noqa: E402
-from mpt.memory import MemoryLedger  # noqa: E402
+from mpt.autograd.memory import MemoryLedger  # noqa: E402
 
 GPT_SHAPE = dict(vocab=256, d_model=128, n_layers=8, n_heads=4, seq_len=64)
 BATCH = 16

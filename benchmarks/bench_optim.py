@@ -13,7 +13,7 @@ import numpy as np
 
 from mpt.nn import Parameter
 from mpt.optim import AdamW
-from mpt.tensor import Tensor
+from mpt.autograd.tensor import Tensor
 
 
 def best_time(step, repeat):
