@@ -36,8 +36,15 @@ def _format_of(x: np.ndarray, fmt) -> Format:
 
 
 def as_bits(x, fmt=None) -> np.ndarray:
-    """The bit patterns of ``x`` as unsigned integers of the storage width (sub-byte formats masked)."""
+    """The bit patterns of ``x`` as unsigned integers of the storage width (sub-byte formats
+    masked). ``x``: an array or scalar of a format's storage dtype, an unsigned array (returned
+    as it is), or a Tensor (anything with an ndarray ``.data`` and a ``.format``, whose format is
+    then used)."""
+    if fmt is None and hasattr(x, "format") and isinstance(getattr(x, "data", None), np.ndarray):
+        x, fmt = x.data, x.format
     x = np.asarray(x)
+    if fmt is None and x.dtype.kind == "u" and x.dtype.itemsize in _UINT:
+        return x  # already bit patterns (codes, random words)
     fmt = _format_of(x, fmt)
     bits = (x if x.flags.c_contiguous else x.copy()).view(_UINT[x.dtype.itemsize])
     if fmt.bits < 8 * x.dtype.itemsize and not fmt.custom and fmt.name != "tf32":

@@ -12,11 +12,7 @@ from mpt.nn import Parameter
 from mpt.optim import SGD, AdamW
 from mpt.reference.optim import f32, grad_scaler_reference
 from mpt.autograd.tensor import Tensor
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
+from mpt.testing import as_bits as bits
 
 
 def loss_of(value, dtype=np.float32):

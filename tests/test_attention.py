@@ -21,11 +21,7 @@ from mpt.kernels.random import random_words
 from mpt.reference import attention as RA
 from mpt.reference import mma as RM
 from mpt.reference.optim import fma32 as fma32_exact
-
-
-def bits(x):
-    x = x.data if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}")
+from mpt.testing import as_bits as bits
 
 
 def same(actual, expected, msg=""):

@@ -6,6 +6,7 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt.functional.autocast import CATEGORIES
+from mpt.testing import as_bits as bits
 
 BF16 = ml_dtypes.bfloat16
 
@@ -18,11 +19,6 @@ EXPECTED = {
     "promote": {"cat", "stack"},
 }
 HELPERS = {"causal_mask", "dropout_mask", "manual_seed", "get_rng_state", "set_rng_state", "view"}
-
-
-def bits(x):
-    x = x.numpy() if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}")
 
 
 def test_every_op_is_classified_as_pytorch_does():

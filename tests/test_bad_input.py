@@ -25,6 +25,7 @@ from mpt.cli import main
 from mpt.kernels import quant as KQ
 from mpt.amp.linear import Fp8Linear
 from mpt.train.trainer import TrainConfig, Trainer, learning_rate
+from mpt.testing import as_bits as _bits
 
 NAN, INF = math.nan, math.inf
 F32 = np.ones(4, np.float32)
@@ -468,10 +469,6 @@ def test_the_nf4_crash_input_is_refused_before_any_kernel_runs():
 
 
 # ---- inputs PyTorch answers with a result: exact checks ----------------------------------------
-def _bits(x):
-    x = np.asarray(x)
-    return x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
-
 
 def test_softmax_over_an_empty_dim_is_empty():
     # torch.softmax(torch.zeros(2, 0), -1) is an empty (2, 0) tensor, and so is its gradient.

@@ -8,13 +8,9 @@ import mpt
 import mpt.functional as F
 from mpt import nn
 from mpt.nn.checkpoint import checkpoint_sequential, segment_sizes
+from mpt.testing import as_bits as bits
 
 CONFIG = dict(vocab=32, d_model=32, n_layers=4, n_heads=4, seq_len=16, dropout=0.1, seed=3)
-
-
-def bits(x):
-    x = x.data if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}")
 
 
 def _train(checkpoint, region, backend="flash", steps=2):

@@ -10,11 +10,11 @@ import mpt
 from mpt import nn
 from mpt.autograd import context
 from mpt.autograd.memory import MemoryLedger
+from mpt.testing import as_bits
 
 
 def bits(x):
-    x = x.data if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}").copy()
+    return as_bits(x).copy()
 
 
 def test_every_state_is_registered():

@@ -9,14 +9,10 @@ from mpt.fp8 import (
     DelayedScaling, DelayedScalingState, current_scale, mx_quantize, quantize, quantize_current,
 )
 from mpt.reference.optim import delayed_scaling_reference, mx_scale_exponent_reference
+from mpt.testing import as_bits as bits
 
 E4M3, E5M2 = get_format("fp8_e4m3fn"), get_format("fp8_e5m2")
 FLT_MAX = float(np.finfo(np.float32).max)
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def saturating_cast(x32, fmt):

@@ -9,13 +9,9 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt.engines import gemm
+from mpt.testing import as_bits as bits
 
 BF16 = ml_dtypes.bfloat16
-
-
-def bits(x):
-    x = x.numpy() if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}")
 
 
 def same(actual, expected):

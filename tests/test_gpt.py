@@ -9,13 +9,9 @@ import pytest
 
 import mpt
 from mpt import nn
+from mpt.testing import as_bits as bits
 
 TINY = dict(vocab=7, d_model=8, n_layers=1, n_heads=2, seq_len=4)
-
-
-def bits(a):
-    a = a.data if isinstance(a, mpt.Tensor) else a
-    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def batch(vocab, B, T, seed=0):

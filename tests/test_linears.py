@@ -9,13 +9,9 @@ from mpt import nn
 from mpt.fp8 import DelayedScaling, quantize
 from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
 from mpt.autograd.tensor import Tensor
+from mpt.testing import as_bits as _bits
 
 F32 = np.float32
-
-
-def _bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def _assert_bits(actual, desired):

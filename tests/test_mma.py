@@ -17,14 +17,10 @@ from hypothesis import strategies as st
 import mpt
 from mpt.formats import get_format
 from mpt.reference.mma import mma_reference
+from mpt.testing import as_bits as _bits
 
 NVIDIA = ["volta", "turing", "ampere", "ada", "hopper", "blackwell"]
 FLT_MAX = float.fromhex("0x1.fffffep127")
-
-
-def _bits(x):
-    """Bit pattern of a float32/float16 array."""
-    return x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
 
 
 class _Bits(int):

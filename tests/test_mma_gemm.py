@@ -12,10 +12,7 @@ from hypothesis import strategies as st
 import mpt
 from mpt.formats import get_format
 from mpt.reference.mma import encode_bits, gemm_reference
-
-
-def _bits(x):
-    return x.view({4: np.uint32, 2: np.uint16}[x.dtype.itemsize])
+from mpt.testing import as_bits as _bits
 
 
 def _model_dict(model, fmt, accumulate="fp32"):

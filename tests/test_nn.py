@@ -11,14 +11,10 @@ from mpt import nn
 from mpt.kernels.random import random_words
 from mpt.nn import Module, Parameter, gaussian, uniform
 from mpt.nn.init import _log, _stream
+from mpt.testing import as_bits as bits
 
 F32, BF16, F16, F64 = (mpt.get_format(n) for n in ("fp32", "bf16", "fp16", "fp64"))
 U = 2.0**-53  # unit roundoff of float64
-
-
-def bits(a):
-    a = a.data if isinstance(a, mpt.Tensor) else a
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def assert_bits_equal(a, b):

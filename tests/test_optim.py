@@ -14,13 +14,9 @@ from mpt.reference.optim import (
     adam_reference, add32, div32, fma32, mul32, sgd_reference, sqrt32, sub32,
 )
 from mpt.autograd.tensor import Tensor
+from mpt.testing import as_bits as bits
 
 BF16 = ml_dtypes.bfloat16
-
-
-def bits(a):
-    a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize])
 
 
 def same_bits(a, b):

@@ -7,6 +7,7 @@ import mpt
 import mpt.functional as F
 from mpt import nn
 from mpt.nn.policy import Policy, get_policy
+from mpt.testing import as_bits as _bits
 
 F32, BF16, F16, F64 = (mpt.get_format(n) for n in ("fp32", "bf16", "fp16", "fp64"))
 
@@ -77,9 +78,6 @@ def test_policy_is_frozen_and_parses_format_names():
 
 
 # ---- casts over tensors -------------------------------------------------------------------
-def _bits(t):
-    return t.data.view(np.uint16 if t.data.itemsize == 2 else np.uint32)
-
 
 def test_cast_rounds_nearest_even_through_tensor_to():
     # 1 + 2^-8 is a tie between bf16 neighbours 1 and 1 + 2^-7: RNE picks the even 1.0;

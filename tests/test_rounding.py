@@ -13,6 +13,7 @@ from mpt.kernels import rounding as K
 from mpt.kernels.random import random_words
 from mpt.reference import rounding as ref
 from mpt.rounding import SPECIALISE_MIN
+from mpt.testing import as_bits as bits
 
 #: The formats ml_dtypes (numpy for fp16) implements, with their reference dtype.
 ML = {
@@ -29,12 +30,6 @@ MODES = ["nearest_even", "nearest_away", "toward_zero", "up", "down", "stochasti
 OPTIONS = [dict(), dict(saturate=True), dict(subnormals=False)]
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 NANS32 = [0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FA00000, 0x7FFFFFFF, 0xFFFFFFFF]
-
-
-def bits(a):
-    """The unsigned bit view of an array (codes of every format)."""
-    a = np.asarray(a)
-    return a.view(UINT[a.dtype.itemsize])
 
 
 def f32(words):

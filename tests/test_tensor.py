@@ -7,11 +7,7 @@ import pytest
 import mpt
 from mpt.autograd.function import Function
 from mpt.autograd.tensor import opmath, round_to
-
-
-def bits(x):
-    x = x.numpy() if isinstance(x, mpt.Tensor) else np.asarray(x)
-    return x.view(f"uint{8 * x.dtype.itemsize}")
+from mpt.testing import as_bits as bits
 
 
 # ---- construction --------------------------------------------------------------------------------
