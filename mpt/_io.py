@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from mpt.formats import get_format
+from mpt.formats import UNSIGNED, get_format
 
 __all__ = ["sha256", "atomic_write_bytes", "storable", "dtype_from_name", "NATIVE_DTYPES",
            "default_mode", "BASE_NAME", "check_base_name", "read_in_folder", "field", "is_sha256",
@@ -32,7 +32,6 @@ __all__ = ["sha256", "atomic_write_bytes", "storable", "dtype_from_name", "NATIV
 NATIVE_DTYPES = frozenset(np.dtype(t) for t in (
     np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
     np.uint8, np.uint16, np.uint32, np.uint64, np.bool_))
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def sha256(data: bytes) -> str:
@@ -80,7 +79,7 @@ def storable(a) -> np.ndarray:
     """``a`` as a C-contiguous array numpy can save: itself, or its unsigned bit patterns for
     ml_dtypes dtypes (read back with ``.view(dtype_from_name(a.dtype.name))``)."""
     a = np.asarray(a, order="C")                      # (ascontiguousarray would make 0-d 1-d)
-    return a if a.dtype in NATIVE_DTYPES else a.view(_UINT[a.dtype.itemsize])
+    return a if a.dtype in NATIVE_DTYPES else a.view(UNSIGNED[a.dtype.itemsize])
 
 
 def dtype_from_name(name: str) -> np.dtype:

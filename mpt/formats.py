@@ -38,6 +38,10 @@ __all__ = [
     "rounding_mode",
 ]
 
+#: The unsigned integer dtype of each storage width in bytes: the bit view of any format's values.
+UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+            8: np.dtype(np.uint64)}
+
 _NAN_KINDS = ("ieee", "fn", "fnuz", "none", "e8m0")
 
 

@@ -12,7 +12,7 @@ does not).
 import numpy as np
 
 from mpt._checks import check_bool
-from mpt.formats import Format, RoundingMode, get_format, rounding_mode
+from mpt.formats import UNSIGNED, Format, RoundingMode, get_format, rounding_mode
 from mpt.kernels import rounding as K
 from mpt.kernels.random import split64
 
@@ -24,14 +24,13 @@ SPECIALISE_MIN = 1 << 14
 #: Arrays shorter than this run on the calling thread: waking Numba's workers costs more.
 PARALLEL_MIN = 1 << 16
 
-_CODE_DTYPES = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
 def _code_dtype(fmt: Format):
     """Unsigned dtype holding one code (fp6/fp4/int4 codes sit in the low bits of a byte; codes of
     float32-stored formats in a uint32, where they are decoded in place)."""
     bits = 32 if _float32_stored(fmt) else fmt.bits
-    return next(np.dtype(d) for width, d in _CODE_DTYPES.items() if bits <= width)
+    return next(d for width, d in UNSIGNED.items() if bits <= 8 * width)
 
 
 def _float32_stored(fmt: Format):

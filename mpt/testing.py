@@ -15,14 +15,13 @@ from __future__ import annotations
 import numpy as np
 
 from mpt._checks import check_int
-from mpt.formats import Format, get_format
+from mpt.formats import UNSIGNED, Format, get_format
 
 __all__ = ["ULP_INF", "as_bits", "ulp_distance", "assert_bits_equal", "assert_ulp_close"]
 
 #: Distance reported between a NaN and a non-NaN (the largest uint64).
 ULP_INF = np.iinfo(np.uint64).max
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _format_of(x: np.ndarray, fmt) -> Format:
@@ -43,10 +42,10 @@ def as_bits(x, fmt=None) -> np.ndarray:
     if fmt is None and hasattr(x, "format") and isinstance(getattr(x, "data", None), np.ndarray):
         x, fmt = x.data, x.format
     x = np.asarray(x)
-    if fmt is None and x.dtype.kind == "u" and x.dtype.itemsize in _UINT:
+    if fmt is None and x.dtype.kind == "u" and x.dtype.itemsize in UNSIGNED:
         return x  # already bit patterns (codes, random words)
     fmt = _format_of(x, fmt)
-    bits = (x if x.flags.c_contiguous else x.copy()).view(_UINT[x.dtype.itemsize])
+    bits = (x if x.flags.c_contiguous else x.copy()).view(UNSIGNED[x.dtype.itemsize])
     if fmt.bits < 8 * x.dtype.itemsize and not fmt.custom and fmt.name != "tf32":
         bits = bits & np.array((1 << fmt.bits) - 1, dtype=bits.dtype)
     return bits

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt.formats import UNSIGNED
 from mpt._checks import check_int
 from mpt.functional.autocast import autocast_op, current_model
 from mpt.autograd.function import Function
@@ -26,7 +27,6 @@ from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _pair(v, arg: str, op: str, minimum: int) -> tuple:
@@ -45,7 +45,7 @@ def _out_size(size, k, s, p, d, op):
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x).view(_UINT[x.dtype.itemsize])
+    return np.ascontiguousarray(x).view(UNSIGNED[x.dtype.itemsize])
 
 
 class Conv2d(Function):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpt._checks import check_bool, check_int, check_real
-from mpt.formats import get_format, rounding_mode
+from mpt.formats import UNSIGNED, get_format, rounding_mode
 from mpt.rounding import round as _round
 from mpt.autograd.tensor import opmath
 
@@ -245,7 +245,7 @@ class Optimizer:
         key = dict(seed=self.seed, stream=self._stream(index)) \
             if self.rounding == "stochastic" else {}
         new = _round(work.reshape(p.data.shape), fmt, self.rounding, **key)
-        same = new.reshape(-1).view(_uint(new)) == old_bits.view(_uint(new))
+        same = new.reshape(-1).view(UNSIGNED[new.itemsize]) == old_bits.view(UNSIGNED[new.itemsize])
         p.data[...] = new
         _bump(p)
         return CopyDownStats(int(np.count_nonzero(changed & same)), int(np.count_nonzero(changed)),
@@ -320,7 +320,4 @@ class Optimizer:
                              f"{p.data.shape}")
         return arr.copy()
 
-
-def _uint(a):
-    return {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
 

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from mpt.formats import get_format
+from mpt.formats import UNSIGNED, get_format
 from mpt.reference.rounding import round_array
 
 __all__ = ["fma32", "mma", "philox_words", "flash_forward", "flash_backward", "attention",
@@ -62,7 +62,7 @@ def _round_format(x, fmt) -> np.ndarray:
     if fmt.name == "fp32":
         return np.asarray(x, _F32)
     codes = round_array(np.asarray(x, _F64), fmt)
-    uint = {1: np.uint8, 2: np.uint16}[np.dtype(fmt.dtype).itemsize]
+    uint = UNSIGNED[np.dtype(fmt.dtype).itemsize]
     return codes.astype(uint).view(fmt.dtype).astype(_F32)
 
 
