@@ -353,8 +353,10 @@ class Pow(Function):
     @staticmethod
     def forward(ctx, a, b, fmt):
         work = work_dtype(fmt)
-        x, y = np.broadcast_arrays(operand(a, work), operand(b, work))
-        x, y = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
+        # Fresh contiguous copies: a view from broadcast_arrays makes numpy 1.x warn when Numba
+        # reads its writeable flag.
+        x, y = (np.array(v, order="C").reshape(-1)
+                for v in np.broadcast_arrays(operand(a, work), operand(b, work)))
         ctx.out_format = fmt
         ctx.shapes = (np.shape(a), np.shape(b))
         ctx.save_for_backward(x, y)
