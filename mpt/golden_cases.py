@@ -162,7 +162,7 @@ def _c(rng, out_format, shape, edge):
     return x.astype(np.float16 if fmt == "fp16" else np.float32)
 
 
-# Section 3 of specs/tensor_cores.md: (a, b, c) with K <= 16, unlisted elements 0.
+# The test vectors of docs/tensor_cores.md §3: (a, b, c) with K <= 16, unlisted elements 0.
 _VECTORS = (
     ([1, -1], [2, 2], 2**-13 - 2**-24), ([-2**13, -0.5, -0.25, -0.125], [2**10, 1, 1, 1], 2**23),
     ([2**7] + [2**-9] * 15, [2**7] + [2**-9] * 15, -2**14), ([0], [0], 1 + 2**-20),

@@ -238,7 +238,7 @@ def _mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
 
 @njit
 def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
-    """The block model of ``mpt.kernels.mma`` (specs/tensor_cores.md §1) for every c[r, :n]:
+    """The block model of ``mpt.kernels.mma`` (docs/tensor_cores.md §1) for every c[r, :n]:
     blocks of L products from k = 0; per block the anchor E = max(2^e_zero, nominal(c),
     max nominal(a)·nominal(b)), the exact sum of the truncated terms and one rounding to the
     output (``block_start`` / ``block_scale`` / ``block_finish``), on a float64 copy of the row
