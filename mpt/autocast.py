@@ -1,4 +1,4 @@
-"""L3: autocast — a per-op cast policy (PyTorch's CUDA autocast, ``../shared/specs/amp.md`` §2) and
+"""L3: autocast — a per-op cast policy (PyTorch's CUDA autocast, docs/amp.md §2) and
 the active matmul model.
 
 Inside ``with mpt.autocast(dtype="fp16", model="hopper"):`` every op declared with

@@ -1,7 +1,7 @@
 """Tensor Core MMA models per GPU generation, and the GEMM around them.
 
 **Hardware** (:func:`mma`): ``D = A·B + C`` as one GPU's Tensor Core computes it, bit for bit:
-the block model of specs/tensor_cores.md — K consumed in blocks of L products in increasing k,
+the block model of docs/tensor_cores.md — K consumed in blocks of L products in increasing k,
 exact unnormalised products, every term truncated to F fraction bits below the largest exponent,
 one rounding per block (RZ-FP32, RNE-FP16 or RZ-E8M13) whose result is the next block's C.
 Presets: ``volta``, ``turing``, ``ampere``, ``ada``, ``hopper``, ``blackwell`` (aliases ``v100``,
@@ -17,7 +17,7 @@ scales, and the output cast (the epilogue).
 
 NaN results are always the canonical NaN (0x7FFFFFFF / 0x7FFF), as on NVIDIA GPUs. Oracles:
 ``mpt.reference.mma`` (exact rationals) and the hardware samples in
-``../shared/data/tensor_core_dumps``.
+``tests/data/tensor_core_dumps`` of the repository.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """L4: quantization — observers, fake quantization (fixed, learnable, FP8), QAT and the integer-only
-model, NF4 and int8 weight storage (specs/techniques.md §3–4).
+model, NF4 and int8 weight storage (docs/techniques.md §3–4).
 
 **Fake quantization** follows PyTorch's CPU kernels bit for bit (``mpt.kernels.quant``): float32
 reciprocal of the scale, ``rne(x·inv)`` in float32, the zero point added in float32, clamp, the

@@ -24,7 +24,7 @@ A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
 =================  ==============================================================================
 
 The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
-(``../shared/specs/amp.md``): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
+(docs/amp.md §6): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
 autocast per op; fp16 with PyTorch's dynamic GradScaler); ``fp16-o2`` / ``bf16-o2`` (the Apex O2
 layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling); ``bf16-pure``
 and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or

@@ -1,4 +1,5 @@
-"""The layering of DESIGN.md: imports inside mpt only point down (or sideways within a layer)."""
+"""The layering of docs/design.md: imports inside mpt only point down (or sideways within a
+layer)."""
 import ast
 import pathlib
 
