@@ -2,7 +2,7 @@
 arrays of any format stored in ``.npz`` files that load without pickle, files read only from
 inside their folder, and typed access to the fields of a parsed JSON manifest.
 
-Used by ``mpt.golden`` (golden suites) and ``mpt.train_state`` (training checkpoints): a reader
+Used by ``mpt.golden`` (golden suites) and ``mpt.train.state`` (training checkpoints): a reader
 never sees a half-written file, every stored byte can be checked against its digest, a name taken
 from a manifest never leads outside its folder, and a malformed manifest is reported as one error
 naming the field (each caller passes its own exception class).

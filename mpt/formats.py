@@ -244,7 +244,8 @@ _TABLE = (
     _int("int4", 4, True, ml_dtypes.int4, ("i4", "qint4")),
 )
 
-# NF4 (QLoRA, Dettmers et al. 2023, techniques.md §4): 16 quantiles of N(0, 1) scaled to [-1, 1].
+# NF4 (QLoRA, Dettmers et al. 2023, docs/techniques.md §4): 16 quantiles of N(0, 1) scaled to
+# [-1, 1].
 _NF4_LEVELS = (
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,

@@ -5,7 +5,7 @@ Memory (bytes, exact integers where the formats are whole bytes):
 * states per parameter: weights in their format, gradients in theirs, an optional FP32 master copy,
   and the optimizer's FP32 states (Adam/AdamW: m and v; SGD with momentum: one buffer). With fp16
   weights and grads, an FP32 master and Adam this is the ZeRO paper's 2 + 2 + 4 + 4 + 4 = 16 bytes
-  (Rajbhandari et al. 2020, amp.md §5);
+  (Rajbhandari et al. 2020, docs/amp.md §5);
 * activations of one transformer layer (Korthikanti et al. 2022, 16-bit activations, 1-byte dropout
   masks): ``s·b·h·(34 + 5·a·s/h)`` without recomputation, ``34·s·b·h`` with selective recomputation
   of attention, ``2·s·b·h`` (the layer input only) with full recomputation;
@@ -50,8 +50,8 @@ checkpointing every segment's recomputed backward leaves its parameter gradients
 outer backward has accumulated them (all block parameters once more). AdamW keeps m, v (fp32)
 and a 4-byte step per parameter tensor; a master copy is 4 bytes per parameter.
 
-Scaling laws (techniques.md §5): ``L(N, D) = E + A/N^α + B/D^β`` with ``C ≈ 6·N·D``. Minimising L
-at fixed C gives ``N_opt = G·(C/6)^(β/(α+β))``, ``D_opt = (C/6)^(α/(α+β))/G`` with
+Scaling laws (docs/techniques.md §5): ``L(N, D) = E + A/N^α + B/D^β`` with ``C ≈ 6·N·D``.
+Minimising L at fixed C gives ``N_opt = G·(C/6)^(β/(α+β))``, ``D_opt = (C/6)^(α/(α+β))/G`` with
 ``G = (α·A/(β·B))^(1/(α+β))``; along that frontier ``L(C) = E + K·(C/6)^(−αβ/(α+β))`` with
 ``K = A·G^−α + B·G^β``, which inverts in closed form to the budget that reaches a target loss.
 """

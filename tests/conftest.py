@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles and paths to shared hardware data."""
+"""Shared test configuration: hypothesis profiles, the folder of hardware samples, file spies."""
 import builtins
 import io
 import os
@@ -74,14 +74,14 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=200)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+DATA = pathlib.Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")
 def tensor_core_dumps():
-    """Folder of real Tensor Core samples (../shared/data/tensor_core_dumps); skip if absent."""
-    folder = SHARED_DATA / "tensor_core_dumps"
+    """Folder of real Tensor Core samples, part of the repository (its README gives the source,
+    licence and layout). Missing data fails the tests that need it: it never skips them."""
+    folder = DATA / "tensor_core_dumps"
     if not folder.is_dir():
-        pytest.skip(f"hardware samples not found at {folder} (shared/ is not beside the checkout)")
+        pytest.fail(f"hardware samples not found at {folder}: they are part of the repository")
     return folder

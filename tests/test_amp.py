@@ -133,7 +133,8 @@ def test_scaling_by_a_non_power_of_two_is_not_exact():
 
 def test_underflow_without_scaling_and_recovery_with_it():
     # loss = Σ fp16(w)·a·b with a = 2^-12, b = 2^-13: dL/dw = 2^-25 is half fp16's smallest
-    # subnormal and flushes to zero in the fp16 backward; a loss scale of 2^10 keeps it (amp.md §5).
+    # subnormal and flushes to zero in the fp16 backward; a loss scale of 2^10 keeps it
+    # (docs/amp.md §5).
     def grad_of_w(scaler):
         w = Parameter(np.ones(3, np.float32))
         a, b = Tensor(np.full(3, 2.0**-12, np.float16)), Tensor(np.full(3, 2.0**-13, np.float16))

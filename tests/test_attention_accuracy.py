@@ -1,5 +1,5 @@
 """FlashAttention accuracy: the acceptance criterion of the flash-attention project against fp32
-attention (``../shared/specs/techniques.md`` §1), and gradient checks in fp64 mode.
+attention (docs/techniques.md §1), and gradient checks in fp64 mode.
 
 Criterion (flash-attention's own tests): with ``ref`` = the attention of the inputs upcast to
 fp32 (mpt's naive backend, sequential FP32 FMA) and ``pt`` = the naive backend in the low

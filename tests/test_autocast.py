@@ -10,7 +10,7 @@ from mpt.testing import as_bits as bits
 
 BF16 = ml_dtypes.bfloat16
 
-# PyTorch's CUDA autocast lists (../shared/specs/amp.md §2), for the ops mpt has
+# PyTorch's CUDA autocast lists (docs/amp.md §2), for the ops mpt has
 EXPECTED = {
     "lower": {"matmul", "linear", "conv2d", "scaled_dot_product_attention"},
     "fp32": {"exp", "log", "pow", "layer_norm", "rms_norm", "cross_entropy", "nll_loss",

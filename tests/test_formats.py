@@ -36,7 +36,7 @@ def test_int_fields_match_iinfo(fmt):
 
 
 def test_spec_table():
-    """../shared/specs/techniques.md §6, written as exact powers of two."""
+    """The format table of docs/techniques.md §6, written as exact powers of two."""
     expect = {
         "fp32": (8, 127, 23, float.fromhex("0x1.fffffep127"), 2.0**-126, 2.0**-149),
         "tf32": (8, 127, 10, float.fromhex("0x1.ffcp127"), 2.0**-126, 2.0**-136),
@@ -122,7 +122,8 @@ def test_rounding_mode_parse():
 
 
 def test_nf4_codebook():
-    """techniques.md §4: 16 levels, sorted, from −1 to 1 with an exact 0, each a float32 number."""
+    """docs/techniques.md §4: 16 levels, sorted, from −1 to 1 with an exact 0, each a float32
+    number."""
     nf4 = get_format("nf4")
     levels = np.array(nf4.levels)
     assert nf4.kind == "codebook" and nf4.bits == 4 and len(levels) == 16

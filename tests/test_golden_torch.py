@@ -2,7 +2,7 @@
 
 PyTorch's CPU single-tensor optimizers, fake quantization and GradScaler are what mpt models bit
 for bit, so those cases must verify bit-exact; matmul and attention cases are reported, not
-asserted equal (PyTorch's CPU kernels are not a Tensor Core). See /work/notes/torch_verify.md.
+asserted equal (PyTorch's CPU kernels are not a Tensor Core). See mpt/golden_torch.py.
 """
 import pathlib
 import sys

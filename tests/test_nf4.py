@@ -15,7 +15,7 @@ from mpt.testing import assert_bits_equal
 
 F32 = np.float32
 LEVELS = np.array(get_format("nf4").levels, np.float32)
-# the table of QLoRA / bitsandbytes (specs/techniques.md §4), as decimal literals
+# the table of QLoRA / bitsandbytes (docs/techniques.md §4), as decimal literals
 SPEC = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
         -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
         0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,

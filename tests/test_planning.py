@@ -1,5 +1,5 @@
-"""Planning calculators against the checks of techniques.md §5 and amp.md §5, and the training
-memory estimate against the memory ledger (mpt.memory) on a small GPT for every recipe."""
+"""Planning calculators against the checks of docs/techniques.md §5 and docs/amp.md §5, and the
+training memory estimate against the memory ledger (mpt.memory) on a small GPT for every recipe."""
 import math
 
 import numpy as np
@@ -50,7 +50,7 @@ def test_zero_accounting_16_bytes():
     assert mixed == {"weights": 2, "grads": 2, "master": 4, "optimizer": 8, "total": 16}
     assert state_bytes_per_parameter("fp32", optimizer="adam")["total"] == 16
     assert state_bytes_per_parameter("bf16", optimizer="sgd")["total"] == 4
-    # amp.md §5: 1e9 params -> 4 GB fp32 weights; 2 GB fp16 copy + 4 GB master = 6 GB.
+    # docs/amp.md §5: 1e9 params -> 4 GB fp32 weights; 2 GB fp16 copy + 4 GB master = 6 GB.
     p = state_bytes_per_parameter("fp16", master_format="fp32")
     assert 1e9 * (p["weights"] + p["master"]) == 6e9
 

@@ -4,6 +4,7 @@ import time
 
 import ml_dtypes
 import numpy as np
+import peers
 import pytest
 
 import mpt
@@ -69,9 +70,9 @@ def test_every_code_decodes_exactly(fmt, dtype):
 
 # ---- every float32 input (opt-in: pytest -m exhaustive) -------------------------------------
 
-ML = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16, "fp8_e4m3fn": ml_dtypes.float8_e4m3fn,
-      "fp8_e5m2": ml_dtypes.float8_e5m2, "fp8_e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-      "fp8_e5m2fnuz": ml_dtypes.float8_e5m2fnuz}
+# float32 input to these formats: no released ml_dtypes is known to misround it (tests/peers.py)
+ML = {name: peers.DTYPES[name] for name in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2",
+                                            "fp8_e4m3fnuz", "fp8_e5m2fnuz")}
 SWEEP_CHUNK = 1 << 24
 
 
@@ -83,6 +84,7 @@ def test_every_float32_rne_equals_ml_dtypes(fmt):
     start, mismatches = time.perf_counter(), 0
     for lo in range(0, 1 << 32, SWEEP_CHUNK):
         x = np.arange(lo, lo + SWEEP_CHUNK, dtype=np.uint32).view(np.float32)
+        assert peers.trusted(x, fmt).all()  # a known fault here needs the oracle (peers.py)
         with np.errstate(over="ignore", invalid="ignore"):
             want = x.astype(ML[fmt])
         got = mpt.round(x, fmt)

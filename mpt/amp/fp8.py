@@ -1,6 +1,6 @@
 """L4: FP8 scaling — Transformer Engine's delayed scaling, current scaling, and OCP MX blocks.
 
-**Quantize / dequantize** (specs/amp.md §4). A scaled FP8 tensor is an :class:`Fp8Array`: codes
+**Quantize / dequantize** (docs/amp.md §4). A scaled FP8 tensor is an :class:`Fp8Array`: codes
 ``q = round_fmt(f32(x · scale))`` (the product rounded to float32 first, as TE's cast kernels
 compute it, then round to nearest even into the FP8 format, *saturating*: out-of-range values and
 ±Inf become ±max, NaN stays NaN) and ``scale_inv = f32(1 / scale)``; ``dequantize`` is

@@ -36,7 +36,7 @@ bias is added in FP32 after the GEMM; the bias gradient is the sequential FP32 c
   the first step runs with scale 1, as in TE.
 
 Every quantization also counts its non-zero inputs that flush to zero and its saturated values
-(``Fp8Linear.quantization_counts``, for ``mpt.diagnostics``). Oracle: the same ``mpt.gemm`` /
+(``Fp8Linear.quantization_counts``, for ``mpt.train.diagnostics``). Oracle: the same ``mpt.gemm`` /
 ``mpt.fp8`` calls composed by hand in tests/test_linears.py.
 """
 from __future__ import annotations

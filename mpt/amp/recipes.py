@@ -1,6 +1,6 @@
 """L4: precision recipes — one frozen object names every precision choice of a training run.
 
-A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
+A :class:`Recipe` is data only (``mpt.train.Trainer`` carries it out):
 
 =================  ==============================================================================
 ``param_format``   the model copy the forward and backward read (fp32, fp16 or bf16); parameter
@@ -9,7 +9,7 @@ A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
                    (Apex O2); ``None``: it updates the parameters themselves
 ``compute_format`` what the GEMMs and ops run in: ``param_format`` (no casts), ``"fp16"``/``"bf16"``
                    with ``autocast=True`` (per-op casts of fp32 weights, PyTorch AMP / Apex O1),
-                   ``"tf32"`` (fp32 tensors, ``mpt.linears.Tf32Linear``: the Linear layers'
+                   ``"tf32"`` (fp32 tensors, ``mpt.amp.linear.Tf32Linear``: the Linear layers'
                    GEMMs on TF32 Tensor Cores, as ``allow_tf32``; mpt's matmul and attention
                    have no TF32 route for fp32 tensors, so those stay FP32)
 ``output_format``  the logits are cast to it before the loss (Apex O2 casts model outputs to fp32;
@@ -27,7 +27,7 @@ A :class:`Recipe` is data only (``mpt.training.Trainer`` carries it out):
 =================  ==============================================================================
 
 The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
-(docs/amp.md): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
+(docs/amp.md §6): ``fp32``; ``tf32``; ``fp16-amp`` / ``bf16-amp`` (fp32 weights,
 autocast per op; fp16 with PyTorch's dynamic GradScaler); ``fp16-o2`` / ``bf16-o2`` (the Apex O2
 layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling); ``bf16-pure``
 and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or
@@ -88,7 +88,7 @@ class LossScaling:
 
 @dataclass(frozen=True)
 class Fp8Config:
-    """FP8 Linear layers as Transformer Engine runs them (``mpt.linears.Fp8Linear``).
+    """FP8 Linear layers as Transformer Engine runs them (``mpt.amp.linear.Fp8Linear``).
 
     ``scaling``: TE's ``DelayedScaling`` (margin, fp8_format, amax history, flavour); ``model``:
     the MMA model of the FP8 GEMMs (None: the recipe's target's); ``promote_every``: products per promotion of the partial sum into an

@@ -1,6 +1,6 @@
 """L4: loss scaling — PyTorch's ``GradScaler`` (dynamic) and ``StaticLossScale``.
 
-``GradScaler`` reproduces ``torch.amp.GradScaler`` (specs/amp.md §1) with its defaults
+``GradScaler`` reproduces ``torch.amp.GradScaler`` (docs/amp.md §1) with its defaults
 (``init_scale=2**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000``):
 
 * state: the scale is a float32, created by the first :meth:`GradScaler.scale`; the growth

@@ -19,7 +19,7 @@ wraps the returned array as a Tensor of ``ctx.out_format`` (default: the format 
 gradient handed to ``backward`` is an array in the output tensor's format and must not be written
 into; ``backward`` returns one gradient per positional argument of ``forward`` (``None`` for
 non-tensors or inputs that need none; check ``ctx.needs_input_grad``), in any float dtype: the
-engine rounds each (RNE) to its input's format before accumulating (see ``mpt.tensor``).
+engine rounds each (RNE) to its input's format before accumulating (see ``mpt.autograd.tensor``).
 
 Arrays passed to ``ctx.save_for_backward`` that are an input's or the output's storage are
 version-checked: reading ``ctx.saved`` after such a tensor was changed in place raises

@@ -14,7 +14,7 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
   scale and growth tracker after each ``update``.
 - ``attention``: :func:`mpt.functional.scaled_dot_product_attention` forward and backward (given
   dO) for one backend; outputs ``out``, ``dq``, ``dk``, ``dv``.
-- ``train_steps``: a few :class:`mpt.training.Trainer` steps of a tiny GPT under one recipe, from
+- ``train_steps``: a few :class:`mpt.train.Trainer` steps of a tiny GPT under one recipe, from
   stored weights and batches; outputs the losses and every parameter after the last step.
 
 ``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite.
@@ -163,12 +163,14 @@ def _c(rng, out_format, shape, edge):
     return x.astype(np.float16 if fmt == "fp16" else np.float32)
 
 
-# Section 3 of specs/tensor_cores.md: (a, b, c) with K <= 16, unlisted elements 0.
+_FLT_MAX = float.fromhex("0x1.fffffep127")
+
+# The test vectors of docs/tensor_cores.md §3: (a, b, c) with K <= 16, unlisted elements 0.
 _VECTORS = (
     ([1, -1], [2, 2], 2**-13 - 2**-24), ([-2**13, -0.5, -0.25, -0.125], [2**10, 1, 1, 1], 2**23),
     ([2**7] + [2**-9] * 15, [2**7] + [2**-9] * 15, -2**14), ([0], [0], 1 + 2**-20),
     ([1, -1], [1, 1], 2**-10 + 2**-20), ([0.5] * 4, [1, 1, 2**-10, 2**-23], 0.0),
-    ([0.25] * 4, [1] * 4, 0.75 * 2**-23), ([0.75, 0.75], [2**127, 2**127], 0.25 * 3.4028234e38),
+    ([0.25] * 4, [1] * 4, 0.75 * 2**-23), ([0.75, 0.75], [2**127, 2**127], 0.25 * _FLT_MAX),
     ([-0.0] * 4, [1] * 4, -0.0), ([1 + 0.75 * 2**-10], [1], 0.0), ([1], [1], -(1 - 2**-24)),
     ([1, 1], [1, -2**-24], -1 + 2**-24), ([0.5] * 4, [2**-24] * 3 + [2**-23 + 2**-24], 1 - 2**-24),
     ([1] * 4, [1, 1.5, 1.75, 1.875], 1.875), ([1] * 4, [1] * 4, 1 + 2**-22 + 2**-23),
@@ -177,7 +179,7 @@ _VECTORS = (
 
 
 def _spec_vectors(fmt: str):
-    """The spec's vectors whose a and b are exact in ``fmt``: a (B, 1, 16), b (B, 16, 1), c."""
+    """The test vectors whose a and b are exact in ``fmt``: a (B, 1, 16), b (B, 16, 1), c."""
     rows = []
     for a, b, c in _VECTORS:
         a16, b16 = np.zeros(16), np.zeros(16)
@@ -185,7 +187,7 @@ def _spec_vectors(fmt: str):
         with np.errstate(over="ignore"):
             ra, rb = (_in_format(fmt, v) for v in (a16, b16))
         exact = all(np.array_equal(r.astype(np.float64), v) for r, v in ((ra, a16), (rb, b16)))
-        if exact and np.float32(c) == c:
+        if exact and float(np.float32(c)) == c:  # Python floats: exact under any numpy
             rows.append((ra, rb, c))
     if not rows:
         return None

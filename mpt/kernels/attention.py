@@ -6,6 +6,8 @@ decoded exactly to the work dtype W (float32; float64 in fp64 mode); query batch
 batch ``kv_of[z]`` (grouped-query attention and broadcast batches). τ is the softmax scale,
 τ₂ = W(τ·log2 e); ``W(x)`` is one RNE rounding to W; exp, exp2 and log are evaluated in float64
 by the platform libm from the exact W argument and rounded once to W (``mpt.kernels.ops``).
+exp2 is spelled ``np.exp2``: Numba lowers it, as it lowers ``math.exp2`` from 0.61 on, to the
+same ``llvm.exp2`` intrinsic, and Numba 0.60 has no ``math.exp2``.
 
 **Forward**, one task per (z, block of Br query rows); key blocks of Bc in increasing order::
 
@@ -239,7 +241,7 @@ def _mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
 
 @njit
 def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
-    """The block model of ``mpt.kernels.mma`` (specs/tensor_cores.md §1) for every c[r, :n]:
+    """The block model of ``mpt.kernels.mma`` (docs/tensor_cores.md §1) for every c[r, :n]:
     blocks of L products from k = 0; per block the anchor E = max(2^e_zero, nominal(c),
     max nominal(a)·nominal(b)), the exact sum of the truncated terms and one rounding to the
     output (``block_start`` / ``block_scale`` / ``block_finish``), on a float64 copy of the row
@@ -300,13 +302,13 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd):
         return
     if exp2:
         mxs = W(mx * tau2)
-        alpha = W(math.exp2(np.float64(W(W(mo - mx) * tau2))))
+        alpha = W(np.exp2(np.float64(W(W(mo - mx) * tau2))))
     else:
         alpha = W(math.exp(np.float64(W(mo - mx))))
     lr = W(alpha * l[r])
     for c in range(ncols):
         if exp2:
-            pc = W(math.exp2(np.float64(_fma(W(s[r, c]), tau2, -mxs))))
+            pc = W(np.exp2(np.float64(_fma(W(s[r, c]), tau2, -mxs))))
         else:
             pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - mx))))
         lr = W(lr + pc)
@@ -396,7 +398,7 @@ def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2,
     ds[0, r, :bc] = 0.0
     for c in range(ncols):
         if exp2:
-            pc = W(math.exp2(np.float64(_fma(W(s[r, c]), tau2, -l2))))
+            pc = W(np.exp2(np.float64(_fma(W(s[r, c]), tau2, -l2))))
         else:
             pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - lse_r))))
         dpc = W(dp[r, c])

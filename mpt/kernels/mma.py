@@ -1,6 +1,6 @@
 """L1: Tensor Core block-FMA model, the exact dot product and IEEE mul-add, as Numba kernels.
 
-The block model (specs/tensor_cores.md §1) for one output element and one block of L products:
+The block model (docs/tensor_cores.md §1) for one output element and one block of L products:
 
     E     = max(2^e_zero, nominal(c), max_k nominal(a_k)·nominal(b_k))      (powers of two)
     q     = E·2^-F                                                           (smallest bit kept)
@@ -29,7 +29,7 @@ Inf term, +Inf + −Inf a NaN; infinite/NaN terms have nominal exponent 0 so the
 Kernels return NaN with whatever payload; the public wrapper writes the canonical NaN.
 
 Oracle: ``mpt.reference.mma`` (exact rationals, bit patterns in and out), and the hardware samples
-in ../shared/data/tensor_core_dumps (tests/test_mma_hardware.py).
+in tests/data/tensor_core_dumps (tests/test_mma_hardware.py).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ elements are independent, so the order does not matter for the bits). Per elemen
 1. unscales the gradient, ``g = g · inv_scale`` in float32 (skipped when ``inv_scale == 1``, as
    PyTorch's GradScaler does);
 2. applies the optimizer update to the float32 master value (and float32 states) in PyTorch's
-   single-tensor operation order (specs/amp.md §3), with the ``fma`` profile: ``fma=True`` makes
+   single-tensor operation order (docs/amp.md §3), with the ``fma`` profile: ``fma=True`` makes
    ``add(alpha)``, ``lerp`` and ``addcmul`` one fused multiply-add each (``mpt.kernels.fma``),
    ``fma=False`` rounds every product and sum; every other op is one float32 IEEE operation
    (Numba without fastmath never contracts ``a*b + c``).

@@ -1,7 +1,7 @@
 """L1: quantization kernels — fake quantization (fixed and learnable), codebook (NF4, 8-bit dynamic)
 quantization, and gemmlowp's integer-only requantization.
 
-**Affine fake quantization** (PyTorch's CPU kernels, ``FakeQuantAffine``; specs/techniques.md §3).
+**Affine fake quantization** (PyTorch's CPU kernels, ``FakeQuantAffine``; docs/techniques.md §3).
 Per element, with ``s`` the float32 scale and ``z`` the integer zero point::
 
     inv  = fl32(1 / s)                 # float32 division: the reciprocal is rounded once

@@ -20,7 +20,8 @@ Rounding a finite magnitude ``|x|`` (source magnitude bits ``a``, sign ``s``) to
 
 ``addend(v, d)`` is what to add before dropping the low ``d`` bits of ``v`` (:func:`_round_shift`):
   nearest_even  2^(d-1) - 1 + (parity of the kept significand): ties go to the even one; with
-                M = 0 (e8m0) a normal binade's significand is 1, so ties go up, as ml_dtypes does
+                M = 0 (e8m0) a normal binade's significand is 1, so ties go up (ml_dtypes
+                0.6+ too; 0.5 sends them to the even code)
   nearest_away  2^(d-1)
   toward_zero   0
   up / down     2^d - 1 for positive / negative values, else 0

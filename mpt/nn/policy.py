@@ -1,6 +1,6 @@
 """L3: module-level cast policies in jmp's grammar (``"p=f32,c=bf16,o=f32"``).
 
-A :class:`Policy` names three formats (``../shared/specs/amp.md`` §2, jmp's ``Policy``):
+A :class:`Policy` names three formats (docs/amp.md §2, jmp's ``Policy``):
 
 ``param_format``    the format parameters are stored in (what the optimizer updates),
 ``compute_format``  the format inputs and parameters are cast to before a module computes,
@@ -12,7 +12,7 @@ Only floating tensors of a float format are cast; integer tensors (token ids) an
 leaf pass through, as jmp casts only floating arrays. The casts are differentiable: the gradient of
 a cast copy flows back to the original and is rounded to its format.
 
-The Apex opt levels as policies plus the rest of a recipe (``../shared/specs/amp.md`` §2):
+The Apex opt levels as policies plus the rest of a recipe (docs/amp.md §2):
 
 ======  ====================  ==========================================================
 O0      ``"f32"``             pure fp32

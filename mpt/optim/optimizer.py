@@ -3,7 +3,7 @@
 The algorithms are in :mod:`mpt.optim.algorithms` (SGD, Adam, AdamW), gradient clipping in
 :mod:`mpt.optim.clip`.
 
-Semantics follow PyTorch's single-tensor path (specs/amp.md §3), operation by operation:
+Semantics follow PyTorch's single-tensor path (docs/amp.md §3), operation by operation:
 
 * Hyper-parameters are Python floats; scalar arithmetic on them (``1 − lr·wd``, bias corrections,
   ``lr/bc1``) is float64, and each enters float32 math as ``f32(x)`` once.

@@ -1,5 +1,5 @@
 """L4: LoRA adapters over a frozen, possibly quantized base (Hu et al. 2021; QLoRA, Dettmers et al.
-2023; specs/techniques.md §4).
+2023; docs/techniques.md §4).
 
 ``LoRALinear`` computes ``y = base(x) + s · B(A(dropout(x)))`` with FP32 adapters ``A`` (r, in)
 and ``B`` (out, r) and ``s = α/r`` (rsLoRA: ``α/√r``), peft's defaults: r = 8, α = 8, A

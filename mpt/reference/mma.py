@@ -1,4 +1,4 @@
-"""Oracles for the MMA models and the GEMM around them (specs/tensor_cores.md), in exact rationals.
+"""Oracles for the MMA models and the GEMM around them (docs/tensor_cores.md), in exact rationals.
 
 Everything here follows the spec's words literally, one output element at a time, on Python
 floats (every value of a format up to fp32 is a float64) and :class:`fractions.Fraction`:

@@ -1,4 +1,4 @@
-"""Oracles for optimizer steps, loss-scale updates and FP8 scaling (specs/amp.md §1, §3, §4).
+"""Oracles for optimizer steps, loss-scale updates and FP8 scaling (docs/amp.md §1, §3, §4).
 
 Every float32 operation here is computed EXACTLY on rationals (:class:`fractions.Fraction`) and
 rounded once to float32 (round to nearest, ties to even) by :func:`round_f32`, with IEEE 754's
@@ -7,7 +7,7 @@ float64). Nothing here uses numpy float32 arithmetic or ``mpt.kernels``, so it c
 vectorised numpy path and the fused Numba kernels independently. Slow: use small arrays.
 
 The optimizer oracles spell out PyTorch's single-tensor operation order op by op, one element at a
-time, with the arithmetic profile of specs/amp.md §3: ``fma=True`` fuses ``lerp``, ``add(alpha)``
+time, with the arithmetic profile of docs/amp.md §3: ``fma=True`` fuses ``lerp``, ``add(alpha)``
 and ``addcmul`` into one rounding each, ``fma=False`` rounds every product and sum.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Oracles for quantization (specs/techniques.md §3–4): affine fake quantization, its learnable (LSQ)
-gradients, observers' qparams, codebook (NF4 / 8-bit dynamic) assignment, and gemmlowp's
+"""Oracles for quantization (docs/techniques.md §3–4): affine fake quantization, its learnable
+(LSQ) gradients, observers' qparams, codebook (NF4 / 8-bit dynamic) assignment, and gemmlowp's
 fixed-point requantization.
 
 One element at a time, every float32 operation computed exactly on rationals and rounded once

@@ -51,7 +51,7 @@ class StudyResult:
     config: StudyConfig
     corpus: dict
     runs: dict = field(default_factory=dict)
-    quant: object = None  # mpt.study_quant.QuantStudyResult, or None when not run
+    quant: object = None  # mpt.study.quant.QuantStudyResult, or None when not run
 
     def to_dict(self) -> dict:
         return {"config": self.config.describe(), "corpus": self.corpus,

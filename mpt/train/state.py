@@ -1,4 +1,4 @@
-"""L5: training checkpoints — everything a :class:`mpt.training.Trainer` needs to continue bit for
+"""L5: training checkpoints — everything a :class:`mpt.train.Trainer` needs to continue bit for
 bit: the model copy, the optimizer (FP32 masters and states, step counts), the loss scaler
 (scale, growth tracker, records), every FP8 layer's delayed-scaling state (scales and amax
 histories), the dropout generator (``mpt.get_rng_state``), the step and the metrics history.

@@ -4,7 +4,7 @@ numbers.
 :class:`Trainer` takes a model built in fp32 (``model(idx)`` → logits (B, T, vocab), e.g.
 ``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
 
-* the **model copy**: Linear layers swapped for ``mpt.linears.Fp8Linear`` (recipes with ``fp8``)
+* the **model copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with ``fp8``)
   or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
   ``recipe.param_format``;
 * the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
@@ -21,7 +21,7 @@ One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
    cross-entropy runs in fp32), ``loss·f32(loss_multiplier/k)`` (Megatron-LM divides each
    micro-batch loss by the number of micro-batches), scaled by the scaler, ``backward()`` — the
    gradients accumulate in ``param.grad`` in the parameters' format (each addition in fp32,
-   rounded once: ``mpt.tensor``); FP8 scales are updated after each backward;
+   rounded once: ``mpt.autograd.tensor``); FP8 scales are updated after each backward;
 3. optional clipping: ``scaler.unscale_`` then ``mpt.optim.clip_grad_norm_`` (PyTorch's order;
    recipes whose fp16 gradients cannot be unscaled refuse clipping at construction);
 4. ``scaler.step(optimizer)`` (skipped on Inf/NaN; unscaling on the fly for master-weight
@@ -135,7 +135,7 @@ class StepMetrics:
     ``loss``: mean micro-batch loss (fp32 values, unscaled, before the multiplier); ``scale``:
     the loss scale used (1.0 without a scaler); ``skipped``: the scaler skipped the update;
     ``first_nonfinite``: the first parameter whose gradient held Inf/NaN; ``loss_grad``:
-    :class:`~mpt.diagnostics.CastStats` of the logits gradient (as scaled) cast into
+    :class:`~mpt.train.diagnostics.CastStats` of the logits gradient (as scaled) cast into
     ``recipe.backward_format`` — exactly the first rounding of the backward pass;
     ``fp8_grad``: totals of the FP8 layers' output-gradient quantizations (``nonzero``,
     ``flushed``, ``saturated``); ``grad_zeros`` / ``grad_subnormal`` / ``grad_numel``: parameter
