@@ -1,4 +1,10 @@
-"""L4: loss scaling — PyTorch's ``GradScaler`` (dynamic) and ``StaticLossScale``.
+"""L4: loss scaling — one protocol (:class:`LossScaler`), PyTorch's ``GradScaler`` (dynamic) and
+``StaticLossScale``.
+
+Like jmp's NoOp/Static/Dynamic loss scales, the scalers share one protocol and differ only in
+their rule for the next scale: :class:`LossScaler` runs the loop (scale, unscale with the inf
+check, skipped steps, records, state) and asks its subclass for ``_next(scale, tracker,
+found_inf)``. ``GradScaler(enabled=False)`` is the no-op scaler, as in PyTorch.
 
 ``GradScaler`` reproduces ``torch.amp.GradScaler`` (docs/amp.md §1) with its defaults
 (``init_scale=2**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000``):
@@ -42,7 +48,8 @@ from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import get_format
 from mpt.autograd.tensor import Tensor, opmath, round_to
 
-__all__ = ["GradScaler", "StaticLossScale", "ScaleRecord", "ScalerUsageError"]
+__all__ = ["LossScaler", "GradScaler", "StaticLossScale", "ScaleRecord", "ScalerUsageError",
+           "non_finite"]
 
 _F32 = np.float32
 _FP32 = get_format("fp32")
@@ -119,31 +126,25 @@ def _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval
     return out
 
 
-def _first_non_finite(named_grads):
-    """(number of gradients holding a non-finite value, name of the first), read-only."""
+def non_finite(named) -> tuple[int, str | None]:
+    """(how many of the ``(name, Tensor or array or None)`` pairs hold an Inf or NaN, the name of
+    the first of them), read-only: the scaler's inf check, and ``mpt.train.diagnostics``'."""
     count, first = 0, None
-    for name, g in named_grads:
-        if not np.isfinite(opmath(g.data)).all():
+    for name, x in named:
+        if x is not None and not np.isfinite(opmath(np.asarray(getattr(x, "data", x)))).all():
             count += 1
             first = name if first is None else first
     return count, first
 
 
-class GradScaler:
-    """Dynamic loss scaling with PyTorch's exact semantics (see the module docstring)."""
+class LossScaler:
+    """The loss-scaling loop every scaler shares (module docstring); a subclass gives the rule
+    ``_next(scale, tracker, found_inf) -> (scale, tracker)`` and its own settings
+    (``_settings``/``_load_settings``)."""
 
-    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000, enabled=True, *, min_scale=None, max_scale=None,
-                 record=False):
-        settings = _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval,
-                                     min_scale, max_scale)
+    def __init__(self, init_scale, enabled=True, *, record=False):
         self._enabled = check_bool("enabled", enabled)
-        self._init_scale = settings["init_scale"]
-        self._growth_factor = settings["growth_factor"]
-        self._backoff_factor = settings["backoff_factor"]
-        self._growth_interval = settings["growth_interval"]
-        self._min_scale = settings["min_scale"]
-        self._max_scale = settings["max_scale"]
+        self._init_scale = init_scale
         self._scale: np.float32 | None = None
         self._growth_tracker = np.int32(0)
         self._per_optimizer: dict = {}
@@ -162,15 +163,6 @@ class GradScaler:
 
     def get_growth_tracker(self) -> int:
         return int(self._growth_tracker)
-
-    def get_growth_factor(self) -> float:
-        return self._growth_factor
-
-    def get_backoff_factor(self) -> float:
-        return self._backoff_factor
-
-    def get_growth_interval(self) -> int:
-        return self._growth_interval
 
     def inv_scale(self) -> np.float32:
         """``f32(1 / f64(scale))``: the factor ``unscale_`` multiplies gradients by (Inf once a
@@ -214,7 +206,7 @@ class GradScaler:
         for _, g in named:
             if g.format.name == "fp16":
                 raise ValueError("Attempting to unscale FP16 gradients.")
-        state["found_inf"], state["first"] = _first_non_finite(named)
+        state["found_inf"], state["first"] = non_finite(named)
         inv = self.inv_scale()
         if inv != 1:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -239,7 +231,7 @@ class GradScaler:
         if state["stage"] is _Stage.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if state["stage"] is _Stage.READY and getattr(optimizer, "supports_amp_scaling", False):
-            state["found_inf"], state["first"] = _first_non_finite(_named_grads(optimizer))
+            state["found_inf"], state["first"] = non_finite(_named_grads(optimizer))
             kwargs = {**kwargs, "inv_scale": self.inv_scale()}
         elif state["stage"] is _Stage.READY:
             self.unscale_(optimizer)
@@ -270,6 +262,102 @@ class GradScaler:
         self._per_optimizer = {}
 
     def _next(self, scale, tracker, found_inf):
+        raise NotImplementedError
+
+    def _state(self, optimizer) -> dict:
+        return self._per_optimizer.setdefault(
+            id(optimizer), {"stage": _Stage.READY, "found_inf": 0, "first": None})
+
+    def _require_scale(self, name):
+        if self._scale is None:
+            raise ScalerUsageError(
+                f"Attempted {name} but _scale is None.  This may indicate your script did not use "
+                "scaler.scale(loss or outputs) earlier in the iteration.")
+        return self._scale
+
+    # ---- state -----------------------------------------------------------------------------
+    def _settings(self) -> dict:
+        """The subclass's settings, as :meth:`state_dict` saves them."""
+        return {}
+
+    def state_dict(self) -> dict:
+        """Plain scalars (PyTorch's keys: ``scale``, ``_growth_tracker`` and the subclass's
+        settings), plus the records as dicts when recording; empty when disabled."""
+        if not self._enabled:
+            return {}
+        out = {"scale": self.get_scale(), **self._settings(),
+               "_growth_tracker": self.get_growth_tracker()}
+        if self.records is not None:
+            out["records"] = [asdict(r) for r in self.records]
+            out["updates"] = self._updates
+        return out
+
+    def _check_settings(self, state_dict: dict) -> dict:
+        """The settings of ``state_dict`` checked (``init_scale`` at least); ValueError/TypeError
+        naming the field."""
+        value = check_real("state_dict['scale']", state_dict["scale"], gt=0)
+        _check_float32_scale("state_dict['scale']", value)
+        return {"init_scale": value, "growth_interval": 1}
+
+    def _load_settings(self, settings: dict) -> None:
+        self._init_scale = settings["init_scale"]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what :meth:`state_dict` saved. Every field is checked first (presence, type and
+        the constructor's ranges; ``_growth_tracker`` in [0, growth_interval)); nothing changes
+        unless all pass (``ValueError``/``TypeError`` naming the field)."""
+        if not self._enabled:
+            return
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"state_dict must be a dict; got {type(state_dict).__name__}")
+        if len(state_dict) == 0:
+            raise RuntimeError("The source state dict is empty, possibly because it was saved "
+                               f"from a disabled instance of {type(self).__name__}.")
+        missing = [k for k in ("scale", *self._settings(), "_growth_tracker")
+                   if k not in state_dict and k not in ("min_scale", "max_scale")]
+        if missing:
+            raise ValueError(f"state_dict lacks {', '.join(map(repr, missing))}")
+        settings = self._check_settings(state_dict)
+        tracker = check_int("state_dict['_growth_tracker']", state_dict["_growth_tracker"],
+                            min=0, max=settings["growth_interval"] - 1)
+        updates = check_int("state_dict['updates']", state_dict.get("updates", 0), min=0)
+        records = None
+        if "records" in state_dict:
+            try:
+                records = [ScaleRecord(**r) for r in state_dict["records"]]
+            except TypeError as exc:
+                raise ValueError(f"state_dict['records'] must be ScaleRecord dicts: {exc}") \
+                    from None
+        self._load_settings(settings)
+        if self._scale is not None:
+            self._scale = _F32(self._init_scale)
+        self._growth_tracker = np.int32(tracker)
+        self._updates = updates
+        if records is not None:
+            self.records = records
+
+
+class GradScaler(LossScaler):
+    """Dynamic loss scaling with PyTorch's exact semantics (see the module docstring)."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, enabled=True, *, min_scale=None, max_scale=None,
+                 record=False):
+        settings = _checked_settings(init_scale, growth_factor, backoff_factor, growth_interval,
+                                     min_scale, max_scale)
+        super().__init__(settings["init_scale"], enabled, record=record)
+        self._load_settings(settings)
+
+    def get_growth_factor(self) -> float:
+        return self._growth_factor
+
+    def get_backoff_factor(self) -> float:
+        return self._backoff_factor
+
+    def get_growth_interval(self) -> int:
+        return self._growth_interval
+
+    def _next(self, scale, tracker, found_inf):
         """PyTorch's update rule on (float32 scale, tracker), plus the opt-in floor and cap."""
         if found_inf:
             new = _F32(float(scale) * self._backoff_factor)
@@ -285,84 +373,38 @@ class GradScaler:
             tracker = 0
         return scale, tracker
 
-    def _state(self, optimizer) -> dict:
-        return self._per_optimizer.setdefault(
-            id(optimizer), {"stage": _Stage.READY, "found_inf": 0, "first": None})
-
-    def _require_scale(self, name):
-        if self._scale is None:
-            raise ScalerUsageError(
-                f"Attempted {name} but _scale is None.  This may indicate your script did not use "
-                "scaler.scale(loss or outputs) earlier in the iteration.")
-        return self._scale
-
-    # ---- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """Plain scalars (PyTorch's keys), plus ``min_scale``/``max_scale`` when set and the
-        records as dicts when recording; empty when disabled."""
-        if not self._enabled:
-            return {}
-        out = {"scale": self.get_scale(), "growth_factor": self._growth_factor,
-               "backoff_factor": self._backoff_factor, "growth_interval": self._growth_interval,
-               "_growth_tracker": self.get_growth_tracker()}
+    def _settings(self) -> dict:
+        out = {"growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
+               "growth_interval": self._growth_interval}
         for key in ("min_scale", "max_scale"):
             if getattr(self, "_" + key) is not None:
                 out[key] = float(getattr(self, "_" + key))
-        if self.records is not None:
-            out["records"] = [asdict(r) for r in self.records]
-            out["updates"] = self._updates
         return out
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Restore what :meth:`state_dict` saved. Every field is checked first (presence, type and
-        the constructor's ranges; ``_growth_tracker`` in [0, growth_interval)); nothing changes
-        unless all pass (``ValueError``/``TypeError`` naming the field)."""
-        if not self._enabled:
-            return
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"state_dict must be a dict; got {type(state_dict).__name__}")
-        if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of GradScaler.")
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval",
-                               "_growth_tracker") if k not in state_dict]
-        if missing:
-            raise ValueError(f"state_dict lacks {', '.join(map(repr, missing))}")
-        settings = _checked_settings(state_dict["scale"], state_dict["growth_factor"],
-                                     state_dict["backoff_factor"], state_dict["growth_interval"],
-                                     state_dict.get("min_scale"), state_dict.get("max_scale"),
-                                     in_state_dict=True)
-        tracker = check_int("state_dict['_growth_tracker']", state_dict["_growth_tracker"],
-                            min=0, max=settings["growth_interval"] - 1)
-        updates = check_int("state_dict['updates']", state_dict.get("updates", 0), min=0)
-        records = None
-        if "records" in state_dict:
-            try:
-                records = [ScaleRecord(**r) for r in state_dict["records"]]
-            except TypeError as exc:
-                raise ValueError(f"state_dict['records'] must be ScaleRecord dicts: {exc}") \
-                    from None
+    def _check_settings(self, state_dict: dict) -> dict:
+        return _checked_settings(state_dict["scale"], state_dict["growth_factor"],
+                                 state_dict["backoff_factor"], state_dict["growth_interval"],
+                                 state_dict.get("min_scale"), state_dict.get("max_scale"),
+                                 in_state_dict=True)
+
+    def _load_settings(self, settings: dict) -> None:
         self._init_scale = settings["init_scale"]
-        if self._scale is not None:
-            self._scale = _F32(self._init_scale)
         self._growth_factor = settings["growth_factor"]
         self._backoff_factor = settings["backoff_factor"]
         self._growth_interval = settings["growth_interval"]
-        self._growth_tracker = np.int32(tracker)
         self._min_scale = settings["min_scale"]
         self._max_scale = settings["max_scale"]
-        self._updates = updates
-        if records is not None:
-            self.records = records
 
 
-class StaticLossScale(GradScaler):
+class StaticLossScale(LossScaler):
     """A constant loss scale ``S``: ``scale(t) = t·S``, ``unscale(g) = g·f32(1/S)``; a step with a
     non-finite gradient is still skipped (as Megatron's constant scaler does), but the scale never
-    changes. Same interface and records as :class:`GradScaler`."""
+    changes. The :class:`LossScaler` protocol and records, like :class:`GradScaler`."""
 
     def __init__(self, scale, enabled=True, *, record=False):
-        super().__init__(init_scale=scale, enabled=enabled, record=record)
+        scale = check_real("scale", scale, gt=0)
+        _check_float32_scale("scale", scale)
+        super().__init__(scale, enabled, record=record)
 
     def _next(self, scale, tracker, found_inf):
         return scale, 0

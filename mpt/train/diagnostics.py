@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mpt.amp.scaler import non_finite
 from mpt.formats import get_format
 from mpt.rounding import decode
 from mpt.rounding import round as _round
@@ -185,7 +186,4 @@ def scale_trajectory(scaler) -> list[dict]:
 
 def first_non_finite(named) -> str | None:
     """The name of the first ``(name, array or Tensor)`` holding an Inf or NaN, else None."""
-    for name, x in named:
-        if x is not None and not np.isfinite(_values(x)).all():
-            return name
-    return None
+    return non_finite(named)[1]

@@ -415,9 +415,9 @@ def _check_scaler(trainer, state: dict) -> dict | None:
             _fail(f"{where}.{key}", f"is {saved[key]!r} in the checkpoint, {live[key]!r} in the "
                                     "trainer (the recipe sets it)")
     tracker = _get(saved, "_growth_tracker", "int", where)
-    if not 0 <= tracker < live["growth_interval"]:
-        _fail(f"{where}._growth_tracker", f"must be in [0, {live['growth_interval']}); got "
-                                          f"{tracker}")
+    interval = live.get("growth_interval", 1)          # a static scale never grows
+    if not 0 <= tracker < interval:
+        _fail(f"{where}._growth_tracker", f"must be in [0, {interval}); got {tracker}")
     if "updates" in live and _get(saved, "updates", "int", where) < 0:
         _fail(f"{where}.updates", f"must be >= 0; got {saved['updates']}")
     for i, record in enumerate(_get(saved, "records", "list", where) if "records" in live else []):
