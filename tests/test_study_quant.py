@@ -21,13 +21,13 @@ CORPUS = MarkovCorpus(STUDY.vocab, STUDY.sharpness, seed=STUDY.corpus_seed)
 @pytest.fixture(scope="module")
 def qat():
     """The default QAT vs PTQ section (about 3 s)."""
-    return SQ.run_qat_vs_ptq(SQ.QuantStudyConfig(), STUDY, CORPUS)["rows"]
+    return SQ.run_qat_vs_ptq(SQ.QuantStudyConfig(), STUDY, CORPUS).rows
 
 
 def test_qat_beats_ptq_where_weights_are_coarse(qat):
-    gap = {name: row["loss"] - qat["fp32"]["loss"] for name, row in qat.items()}
+    gap = {name: row.loss - qat["fp32"].loss for name, row in qat.items()}
     # The fp32 model is near the chain's optimum (entropy rate 2.1943): within 0.03 nats.
-    assert qat["fp32"]["loss"] - CORPUS.entropy_rate < 0.03
+    assert qat["fp32"].loss - CORPUS.entropy_rate < 0.03
     # int8 PTQ: per-channel 8-bit weights, 7-bit activations. The logits' rounding error is
     # uniform with step s (the output scale), adding about s²/24 nats (second order:
     # ½·(s²/12)·Σ p(1−p) ≤ s²/24); s = range/127, a logit range of 16 gives 7e-4, and the hidden
@@ -43,9 +43,9 @@ def test_qat_beats_ptq_where_weights_are_coarse(qat):
     assert gap["qat-w4a8"] < gap["ptq-w4a8"] / 3
     # weight bytes: fp32 4 per weight and bias; b-bit codes packed + fp32 scale + int32 bias
     weights, channels = 32 * 64 + 64 * 32, 64 + 32
-    assert qat["fp32"]["weight_bytes"] == 4 * (weights + channels)
-    assert qat["ptq-int8"]["weight_bytes"] == weights + 8 * channels
-    assert qat["qat-w4a4"]["weight_bytes"] == weights // 2 + 8 * channels
+    assert qat["fp32"].weight_bytes == 4 * (weights + channels)
+    assert qat["ptq-int8"].weight_bytes == weights + 8 * channels
+    assert qat["qat-w4a4"].weight_bytes == weights // 2 + 8 * channels
 
 
 def _ptq_model(scheme):
@@ -98,8 +98,8 @@ def test_integer_model_loss_tracks_fake_quant_model():
     _, rows = _ptq_model((8, 8))
     # Differing codes (near ties, above) change a logit by one step s, a share p of them; the loss
     # moves by at most about p·s per token. Measured p < 2.5 %, s < 0.15: bound 5e-3.
-    assert rows["int_equals_fake_quant"] > 0.95
-    assert abs(rows["loss"] - rows["fake_quant_loss"]) < 5e-3
+    assert rows.int_equals_fake_quant > 0.95
+    assert abs(rows.loss - rows.fake_quant_loss) < 5e-3
 
 
 @pytest.fixture(scope="module")
@@ -109,36 +109,36 @@ def lora_rows():
 
 
 def test_lora_every_base_improves_and_full_fine_tune_is_best(lora_rows):
-    rows = lora_rows["rows"]
-    none, full = rows["no fine-tune"]["loss"], rows["full fp32"]["loss"]
+    rows = lora_rows.rows
+    none, full = rows["no fine-tune"].loss, rows["full fp32"].loss
     # The shifted chain is unrelated to the old: the base predicts it worse than uniform (ln 32).
     assert none > math.log(32)
     # Every base: the frozen embeddings and tied head leave r = 4 adapters well short of the full
     # fine-tune, but each recovers over a quarter of its gain (measured 40 % after 60 steps), and
     # the base format hardly matters: the four finish within 0.01 nats (measured 0.002).
-    losses = [rows[f"lora r=4 {fmt}"]["loss"] for fmt in SQ.LORA_FORMATS]
+    losses = [rows[f"lora r=4 {fmt}"].loss for fmt in SQ.LORA_FORMATS]
     for fmt, loss in zip(SQ.LORA_FORMATS, losses):
         assert full < loss < none - (none - full) / 4, (fmt, loss)
     assert max(losses) - min(losses) < 0.01
     # the stored bases of the four Linears (qkv 96x32, out 32x32, fc1 128x32, fc2 32x128)
     shapes = [(96, 32), (32, 32), (128, 32), (32, 128)]
     w = sum(o * i for o, i in shapes)
-    assert rows["no fine-tune"]["base_bytes"] == 4 * w
-    assert rows["lora r=4 fp16"]["base_bytes"] == rows["lora r=4 bf16"]["base_bytes"] == 2 * w
-    assert rows["lora r=4 int8"]["base_bytes"] == w + 4 * sum(o for o, _ in shapes)
-    assert rows["lora r=4 nf4"]["base_bytes"] == w // 2 + 4 * (w // 64)
+    assert rows["no fine-tune"].base_bytes == 4 * w
+    assert rows["lora r=4 fp16"].base_bytes == rows["lora r=4 bf16"].base_bytes == 2 * w
+    assert rows["lora r=4 int8"].base_bytes == w + 4 * sum(o for o, _ in shapes)
+    assert rows["lora r=4 nf4"].base_bytes == w // 2 + 4 * (w // 64)
     trainable = sum(4 * (o + i) for o, i in shapes)
-    assert rows["lora r=4 nf4"]["trainable"] == trainable
-    assert rows["lora r=4 nf4"]["train_bytes"] == 16 * trainable      # fp32 weight, grad, m, v
-    assert rows["full fp32"]["train_bytes"] == 16 * lora_rows["parameters"]
+    assert rows["lora r=4 nf4"].trainable == trainable
+    assert rows["lora r=4 nf4"].train_bytes == 16 * trainable      # fp32 weight, grad, m, v
+    assert rows["full fp32"].train_bytes == 16 * lora_rows.parameters
     # frozen: the nf4 base plus the fp32 rest (embeddings, LayerNorms) and bf16 biases
-    rest = lora_rows["parameters"] - w - sum(o for o, _ in shapes)
-    assert rows["lora r=4 nf4"]["frozen_bytes"] == rows["lora r=4 nf4"]["base_bytes"] + 4 * rest \
+    rest = lora_rows.parameters - w - sum(o for o, _ in shapes)
+    assert rows["lora r=4 nf4"].frozen_bytes == rows["lora r=4 nf4"].base_bytes + 4 * rest \
         + 2 * sum(o for o, _ in shapes)
     # B = 0 at the start: the adapted model is the stored base; fp16 keeps the fp32 base's loss on
     # the old task to 1e-3 (relative weight error 2^-11), NF4 costs more than int8.
-    old = {fmt: rows[f"lora r=4 {fmt}"]["base_loss"] for fmt in SQ.LORA_FORMATS}
-    assert abs(old["fp16"] - rows["no fine-tune"]["base_loss"]) < 1e-3
+    old = {fmt: rows[f"lora r=4 {fmt}"].base_loss for fmt in SQ.LORA_FORMATS}
+    assert abs(old["fp16"] - rows["no fine-tune"].base_loss) < 1e-3
     assert old["nf4"] > old["int8"]
 
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import partial
 
 import numpy as np
@@ -62,8 +62,9 @@ from mpt.autograd.tensor import Tensor, no_grad
 from mpt.train.trainer import TrainConfig, Trainer
 
 
-__all__ = ["LORA_FORMATS", "QuantStudyConfig", "QuantStudyResult", "BigramMLP", "run_qat_vs_ptq",
-           "run_lora", "run_quant_study", "format_quant_sections", "quant_markdown"]
+__all__ = ["LORA_FORMATS", "QuantStudyConfig", "QuantStudyResult", "BigramMLP", "QuantRow",
+           "QatSection", "LoraRow", "LoraSection", "run_qat_vs_ptq", "run_lora", "run_quant_study",
+           "format_quant_sections", "quant_markdown"]
 
 LORA_FORMATS = ("fp16", "bf16", "int8", "nf4")
 # FP32 weights, gradients and AdamW's two moments: 16 B per trainable parameter
@@ -194,7 +195,61 @@ def _codes_agree(int_model, fq_model, batches) -> tuple[float, int]:
     return same / total, worst
 
 
-def _quantized(fp32_model, scheme, calibrate, qat, eval_batches) -> dict:
+@dataclass(frozen=True)
+class QuantRow:
+    """One row of the QAT vs PTQ section: the held-out ``loss`` (of the integer-only model for a
+    quantized row), the bytes of its weights, and for quantized rows the fake-quant model's loss,
+    the share of output codes where the integer model equals it and their largest difference."""
+
+    loss: float
+    weight_bytes: int
+    fake_quant_loss: float | None = None
+    int_equals_fake_quant: float | None = None
+    max_code_difference: int | None = None
+
+
+@dataclass(frozen=True)
+class QatSection:
+    """The QAT vs PTQ section: its rows by name, and its wall time."""
+
+    rows: dict[str, QuantRow]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class LoraRow:
+    """One row of the LoRA section: held-out loss on the shifted task, trainable parameters, bytes
+    of the stored base weights, of everything frozen and of the training state, and the loss of
+    the model before fine-tuning on the original task (the stored base alone)."""
+
+    loss: float
+    trainable: int
+    base_bytes: int
+    frozen_bytes: int
+    train_bytes: int
+    base_loss: float | None = None
+
+
+@dataclass(frozen=True)
+class LoraSection:
+    """The LoRA section: its rows by name, the shifted chain's entropy rate, the GPT's parameter
+    count and the wall time."""
+
+    rows: dict[str, LoraRow]
+    entropy_rate: float
+    parameters: int
+    seconds: float
+
+
+def _section_dict(section) -> dict:
+    """A section as JSON-ready data (rows without their empty fields)."""
+    out = asdict(section)
+    out["rows"] = {name: {k: v for k, v in row.items() if v is not None}
+                   for name, row in out["rows"].items()}
+    return out
+
+
+def _quantized(fp32_model, scheme, calibrate, qat, eval_batches) -> QuantRow:
     """Prepare a copy of ``fp32_model`` under ``scheme``, calibrate (PTQ) or fine-tune (QAT), freeze
     observers, convert; the fake-quant and integer models' held-out losses."""
     model = Q.prepare_qat(copy.deepcopy(fp32_model), _qconfig(scheme), fuse_relu=("fc1",))
@@ -213,12 +268,11 @@ def _quantized(fp32_model, scheme, calibrate, qat, eval_batches) -> dict:
     fq_loss = _loss(model, eval_batches)
     int_model = Q.convert(copy.deepcopy(model))
     agree, worst = _codes_agree(int_model, model, eval_batches)
-    return {"fake_quant_loss": fq_loss, "loss": _loss(int_model, eval_batches),
-            "int_equals_fake_quant": agree, "max_code_difference": worst,
-            "weight_bytes": _weight_bytes(fp32_model, scheme[0])}
+    return QuantRow(_loss(int_model, eval_batches), _weight_bytes(fp32_model, scheme[0]),
+                    fq_loss, agree, worst)
 
 
-def run_qat_vs_ptq(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> dict:
+def run_qat_vs_ptq(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> QatSection:
     """The QAT vs PTQ section's numbers (module docstring)."""
     sc = study_config
     start = time.perf_counter()
@@ -232,19 +286,19 @@ def run_qat_vs_ptq(config: QuantStudyConfig, study_config, corpus: MarkovCorpus)
     calib = [corpus.batch(sc.batch, sc.seq_len, f"calib.{sc.seed}", k)
              for k in range(config.calib_batches)]
     fp32_bytes = _weight_bytes(model, None)
-    rows = {"fp32": {"loss": _loss(model, evals), "weight_bytes": fp32_bytes}}
+    rows = {"fp32": QuantRow(_loss(model, evals), fp32_bytes)}
 
     def tune(m):  # the QAT fine-tune; on the float model, the control (same steps and batches)
         _train(m, data("qat"), config.qat_steps, config.qat_lr, sc.seed)
 
     control = copy.deepcopy(model)
     tune(control)
-    rows["fp32 + tune"] = {"loss": _loss(control, evals), "weight_bytes": fp32_bytes}
+    rows["fp32 + tune"] = QuantRow(_loss(control, evals), fp32_bytes)
     for scheme in config.schemes:
         name = _scheme_name(scheme)
         rows[f"ptq-{name}"] = _quantized(model, scheme, calib, None, evals)
         rows[f"qat-{name}"] = _quantized(model, scheme, None, tune, evals)
-    return {"rows": rows, "seconds": time.perf_counter() - start}
+    return QatSection(rows, time.perf_counter() - start)
 
 
 # ---- LoRA over low-precision bases ---------------------------------------------------------------
@@ -279,7 +333,7 @@ def _lora_model(base, r: int, fmt: str, seed: int):
     return model
 
 
-def run_lora(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> dict:
+def run_lora(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> LoraSection:
     """The LoRA section's numbers (module docstring)."""
     from mpt.nn import GPT
 
@@ -296,39 +350,33 @@ def run_lora(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> di
     _train(base, data(corpus, "lora.base"), config.lora_base_steps, sc.lr, sc.seed)
     n_params = sum(p.size for p in base.parameters())
     linear_w = sum(m.weight.size for m in base.modules() if isinstance(m, nn.Linear))
-    rows = {"no fine-tune": {"loss": _loss(base, evals), "trainable": 0,
-                             "base_bytes": 4 * linear_w, "frozen_bytes": 4 * n_params,
-                             "train_bytes": 0, "base_loss": _loss(base, original)}}
+    rows = {"no fine-tune": LoraRow(_loss(base, evals), 0, 4 * linear_w, 4 * n_params, 0,
+                                    _loss(base, original))}
     full = copy.deepcopy(base)
     _train(full, data(shifted, "lora.ft"), config.lora_steps, sc.lr, sc.seed)
-    rows["full fp32"] = {"loss": _loss(full, evals), "trainable": n_params, "base_bytes": 0,
-                         "frozen_bytes": 0, "train_bytes": _TRAIN_BYTES * n_params}
+    rows["full fp32"] = LoraRow(_loss(full, evals), n_params, 0, 0, _TRAIN_BYTES * n_params)
     for r in config.lora_ranks:
         for fmt in config.lora_formats:
             model = _lora_model(base, r, fmt, sc.seed)
             base_loss = _loss(model, original)  # B = 0: the stored base alone
             _train(model, data(shifted, "lora.ft"), config.lora_steps, sc.lr, sc.seed)
             report = lora.trainable_parameters(model)
-            rows[f"lora r={r} {fmt}"] = {"loss": _loss(model, evals),
-                                         "trainable": report["trainable"],
-                                         "base_bytes": report["base_bytes"],
-                                         "frozen_bytes": _frozen_bytes(model),
-                                         "train_bytes": _TRAIN_BYTES * report["trainable"],
-                                         "base_loss": base_loss}
-    return {"rows": rows, "entropy_rate": shifted.entropy_rate, "parameters": n_params,
-            "seconds": time.perf_counter() - start}
+            rows[f"lora r={r} {fmt}"] = LoraRow(
+                _loss(model, evals), report["trainable"], report["base_bytes"],
+                _frozen_bytes(model), _TRAIN_BYTES * report["trainable"], base_loss)
+    return LoraSection(rows, shifted.entropy_rate, n_params, time.perf_counter() - start)
 
 
 @dataclass
 class QuantStudyResult:
     config: QuantStudyConfig
     entropy_rate: float
-    qat: dict = field(default_factory=dict)
-    lora: dict = field(default_factory=dict)
+    qat: QatSection
+    lora: LoraSection
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "entropy_rate": self.entropy_rate,
-                "qat_vs_ptq": self.qat, "lora": self.lora}
+                "qat_vs_ptq": _section_dict(self.qat), "lora": _section_dict(self.lora)}
 
 
 def run_quant_study(study_config, config: QuantStudyConfig = QuantStudyConfig()):
@@ -342,28 +390,28 @@ def run_quant_study(study_config, config: QuantStudyConfig = QuantStudyConfig())
 
 # ---- text ----------------------------------------------------------------------------------------
 def _qat_rows(result) -> list[tuple[str, ...]]:
-    rows = result.qat["rows"]
-    fp32 = rows["fp32"]["loss"]
+    rows = result.qat.rows
+    fp32 = rows["fp32"].loss
     out = [("model", "loss", "gap fp32", "gap H", "fake-quant", "int = fq %", "weight B")]
     for name, row in rows.items():
-        out.append((name, f"{row['loss']:.4f}", f"{row['loss'] - fp32:+.4f}",
-                    f"{row['loss'] - result.entropy_rate:+.4f}",
-                    f"{row['fake_quant_loss']:.4f}" if "fake_quant_loss" in row else "-",
-                    f"{100 * row['int_equals_fake_quant']:.2f}"
-                    if "int_equals_fake_quant" in row else "-", str(row["weight_bytes"])))
+        quantized = row.fake_quant_loss is not None
+        out.append((name, f"{row.loss:.4f}", f"{row.loss - fp32:+.4f}",
+                    f"{row.loss - result.entropy_rate:+.4f}",
+                    f"{row.fake_quant_loss:.4f}" if quantized else "-",
+                    f"{100 * row.int_equals_fake_quant:.2f}" if quantized else "-",
+                    str(row.weight_bytes)))
     return out
 
 
 def _lora_rows(result) -> list[tuple[str, ...]]:
-    rows = result.lora["rows"]
-    full = rows["full fp32"]["loss"]
+    rows = result.lora.rows
+    full = rows["full fp32"].loss
     out = [("fine-tune", "loss", "gap full", "trainable", "base B", "frozen B", "train B",
             "base loss old task")]
     for name, row in rows.items():
-        out.append((name, f"{row['loss']:.4f}", f"{row['loss'] - full:+.4f}",
-                    str(row["trainable"]), str(row["base_bytes"]), str(row["frozen_bytes"]),
-                    str(row["train_bytes"]),
-                    f"{row['base_loss']:.4f}" if "base_loss" in row else "-"))
+        out.append((name, f"{row.loss:.4f}", f"{row.loss - full:+.4f}", str(row.trainable),
+                    str(row.base_bytes), str(row.frozen_bytes), str(row.train_bytes),
+                    f"{row.base_loss:.4f}" if row.base_loss is not None else "-"))
     return out
 
 
@@ -371,10 +419,10 @@ def _titles(result) -> tuple[str, str]:
     c = result.config
     q = (f"QAT vs PTQ: bigram MLP (hidden {c.hidden}) trained {c.mlp_steps} FP32 steps; PTQ "
          f"calibrated on {c.calib_batches} batches, QAT {c.qat_steps} steps; integer-only models "
-         f"(H = {result.entropy_rate:.4f}; {result.qat['seconds']:.1f} s)")
+         f"(H = {result.entropy_rate:.4f}; {result.qat.seconds:.1f} s)")
     lo = (f"LoRA: GPT trained {c.lora_base_steps} FP32 steps, task shifted to another chain "
-          f"(H = {result.lora['entropy_rate']:.4f}), {c.lora_steps} fine-tune steps "
-          f"({result.lora['seconds']:.1f} s)")
+          f"(H = {result.lora.entropy_rate:.4f}), {c.lora_steps} fine-tune steps "
+          f"({result.lora.seconds:.1f} s)")
     return q, lo
 
 
