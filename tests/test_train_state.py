@@ -34,8 +34,8 @@ def _trainer(recipe, config=CONFIG, dropout=0.1):
 def _snapshot(trainer):
     """Every bit a trainer holds (model, optimizer states, scaler, FP8 states, RNG, step)."""
     opt = trainer.optimizer.state_dict()
-    arrays = {f"model/{k}": v.reshape(-1).view(np.uint8)
-              for k, v in trainer.model.state_dict().items()}
+    arrays = {f"network/{k}": v.reshape(-1).view(np.uint8)
+              for k, v in trainer.network.state_dict().items()}
     arrays.update({f"opt/{i}/{k}": v.reshape(-1).view(np.uint8)
                    for i, s in opt["state"].items() for k, v in s.items()})
     for name, layer in trainer.fp8_layers.items():
@@ -368,12 +368,12 @@ ARRAY_CASES = [
      r"arrays\['optimizer/1/exp_avg'\] is float32 \(\d+,\) in the checkpoint"),
     ("fp16-o2", _bump("optimizer/1/master", lambda a: a.astype(np.float64)),
      r"arrays\['optimizer/1/master'\] is float64"),
-    ("fp16-o2", _bump("model/wte.weight", lambda a: a.astype(np.float32)),
-     r"arrays\['model/wte.weight'\] does not fit the parameter"),
+    ("fp16-o2", _bump("network/wte.weight", lambda a: a.astype(np.float32)),
+     r"arrays\['network/wte.weight'\] does not fit the parameter"),
     ("fp16-o2", lambda arrays: arrays.pop("optimizer/2/exp_avg"),
      r"arrays have no 'optimizer/2/exp_avg'"),
-    ("fp16-o2", lambda arrays: arrays.pop("model/wte.weight"),
-     r"arrays hold other model parameters than the trainer's: \['wte.weight'\]"),
+    ("fp16-o2", lambda arrays: arrays.pop("network/wte.weight"),
+     r"arrays hold other network parameters than the trainer's: \['wte.weight'\]"),
     ("fp16-o2", lambda arrays: arrays.update({"extra/x": np.zeros(2)}),
      r"arrays hold 1 arrays the trainer has no place for"),
     ("fp8-hybrid", _bump("fp8/blocks.0.mlp.fc1/input/scale", lambda a: np.float32(0).reshape(())),

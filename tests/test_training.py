@@ -36,12 +36,12 @@ def _same_bits(a, b):
 def test_trainer_sets_up_the_recipe(name):
     recipe = get_recipe(name)
     trainer = Trainer(_gpt(), name)
-    assert {p.format.name for p in trainer.model.parameters()} == {recipe.param_format}
+    assert {p.format.name for p in trainer.network.parameters()} == {recipe.param_format}
     assert trainer.optimizer.master_weights == (recipe.master_format is not None)
     assert trainer.optimizer.rounding == recipe.rounding
     scaler = {"none": type(None), "dynamic": GradScaler}[recipe.loss_scaling.kind]
     assert type(trainer.scaler) is scaler
-    linears = [m for m in trainer.model.modules() if isinstance(m, (Fp8Linear, Tf32Linear))]
+    linears = [m for m in trainer.network.modules() if isinstance(m, (Fp8Linear, Tf32Linear))]
     kind = Fp8Linear if recipe.fp8 else Tf32Linear if recipe.compute_format == "tf32" else None
     assert len(linears) == (4 if kind else 0) and all(type(m) is kind for m in linears)
     assert len(trainer.fp8_layers) == (4 if recipe.fp8 else 0)
@@ -71,7 +71,7 @@ def test_fp32_step_equals_the_hand_written_loop():
         (loss * 2.0**-6).backward()
         opt.step()
         assert metrics.loss == loss.item()
-    assert _same_bits(trainer.model, model)
+    assert _same_bits(trainer.network, model)
 
 
 def test_gradient_accumulation_is_exact():
@@ -120,7 +120,7 @@ def test_metrics_of_fp16_without_scaling_show_the_flushed_gradients():
     assert m.loss_grad.underflow > 0 and m.grad_zeros > 0
     assert m.histograms["loss_grad"].total == 32 * 16
     # per tensor: fp16 gradients cast to fp16 lose nothing more; their zeros are the step's
-    assert set(m.tensors) == {n for n, _ in Trainer(_gpt(), "fp32").model.named_parameters()}
+    assert set(m.tensors) == {n for n, _ in Trainer(_gpt(), "fp32").network.named_parameters()}
     assert all(s.underflow == 0 and s.format == "fp16" for s in m.tensors.values())
     assert sum(s.numel - s.nonzero - s.nonfinite for s in m.tensors.values()) == m.grad_zeros
     assert m.histograms["params"].zeros == m.grad_zeros
@@ -134,7 +134,7 @@ def test_evaluate_is_the_mean_batch_loss():
     batches = [_batch(i) for i in range(3)]
     losses = [trainer._logits_and_loss(i, t)[1].item() for i, t in batches]
     assert trainer.evaluate(batches) == math.fsum(losses) / 3
-    assert trainer.model.training
+    assert trainer.network.training
 
 
 def test_evaluate_leaves_the_fp8_state_alone():

@@ -113,7 +113,7 @@ def _compute_train_steps(inputs, params):
     losses = [trainer.train_step([(idx, tgt)]).loss
               for idx, tgt in zip(inputs["idx"], inputs["targets"])]          # (steps, B, T)
     return {"loss": np.array(losses, np.float32),
-            **{f"param.{k}": v for k, v in trainer.model.state_dict().items()}}
+            **{f"param.{k}": v for k, v in trainer.network.state_dict().items()}}
 
 
 #: kind name -> compute function (registered by mpt.golden)

@@ -22,8 +22,8 @@ class GPT(Module):
     LayerNorm, LM head **tied** to the token embedding (``logits = x·wteᵀ``, GPT-2's choice; the
     head adds no parameters and its gradient accumulates into ``wte.weight``).
 
-    ``model(idx)`` maps int token ids (B, T), T <= seq_len, to logits (B, T, vocab) in the
-    activations' format; ``model.loss(idx, targets)`` is the mean ``F.cross_entropy``.
+    ``gpt(idx)`` maps int token ids (B, T), T <= seq_len, to logits (B, T, vocab) in the
+    activations' format; ``gpt.loss(idx, targets)`` is the mean ``F.cross_entropy``.
 
     Init (GPT-2 / nanoGPT, drawn by :meth:`reset_parameters` from ``seed``, each parameter keyed
     by its dotted name): every Linear and Embedding weight normal(0, 0.02); the residual

@@ -129,7 +129,7 @@ class Module:
         ``compute_format``, each parameter is cast to ``compute_format`` where a layer uses it
         (the cast is differentiable: its gradient is rounded to ``param_format``), and floating
         outputs are cast to ``output_format``. A descendant with its own policy applies its own
-        instead: ``norm.set_policy("p=f32,c=f32,o=bf16")`` inside a ``"p=bf16"`` model keeps a
+        instead: ``norm.set_policy("p=f32,c=f32,o=bf16")`` inside a ``"p=bf16"`` network keeps a
         norm in fp32 and hands bf16 on (descendants without a policy do not cast their inputs, so
         the formats must meet). Returns ``self``.
         """

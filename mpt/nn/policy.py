@@ -17,7 +17,7 @@ The Apex opt levels as policies plus the rest of a recipe (docs/amp.md §2):
 ======  ====================  ==========================================================
 O0      ``"f32"``             pure fp32
 O1      ``"f32"`` + autocast  fp32 weights, per-op casts (``mpt.autocast``), not a policy
-O2      ``"p=f16"`` model     fp16 model + fp32 master weights and loss scaling (mpt.amp)
+O2      ``"p=f16"`` network   fp16 network + fp32 master weights and loss scaling (mpt.amp)
 O3      ``"f16"``             pure fp16
 ======  ====================  ==========================================================
 

@@ -1,4 +1,4 @@
-"""L4: the integer-only model (Jacob et al. 2018) — ``convert`` turns a QAT network into int8
+"""L4: the integer-only network (Jacob et al. 2018) — ``convert`` turns a QAT network into int8
 layers with int32 accumulation and gemmlowp's fixed-point requantization."""
 from __future__ import annotations
 
@@ -161,22 +161,22 @@ def _pair(v) -> tuple:
     return tuple(v) if isinstance(v, (tuple, list)) else (int(v), int(v))
 
 
-def convert(model: nn.Module) -> nn.Module:
+def convert(network: nn.Module) -> nn.Module:
     """Replace (in place) QuantStub → :class:`Quantize`, DeQuantStub → :class:`DeQuantize`,
     QATLinear → :class:`IntLinear`, QATConv2d → :class:`IntConv2d` with the qparams the fake
-    quantizers hold now. Returns ``model``.
+    quantizers hold now. Returns ``network``.
 
     Exactness (tests/test_requant.py): per output element let ``r = acc·M`` (exact) be the
-    integer layer's ideal output code before rounding. The fake-quant model's pre-rounding value
+    integer layer's ideal output code before rounding. The fake-quant network's pre-rounding value
     differs from ``r`` by at most ``δ + ε_f`` — ``δ`` the exact difference between the float
-    model's ideal sum ``Σ x_fq·w_fq + b`` and ``Sx·Sw·acc`` (dequantization roundings of
+    network's ideal sum ``Σ x_fq·w_fq + b`` and ``Sx·Sw·acc`` (dequantization roundings of
     ``x_fq``/``w_fq`` and the bias rounding, over ``So``), ``ε_f`` its float32 GEMM, bias and
     reciprocal roundings — and the integer pipeline's by at most ``ε_i = 2^-(n+1) + |acc|·|M0·2^(shift−31)
     − M|`` (SRDHM's rounding, the multiplier's). Where ``r`` is farther than both from every
-    half-integer, the int8 output equals the fake-quant model's code exactly; elsewhere (near
+    half-integer, the int8 output equals the fake-quant network's code exactly; elsewhere (near
     ties, where fake quant rounds half to even and gemmlowp half away) they differ by at most 1.
     """
-    for _, module in list(model.named_modules()):
+    for _, module in list(network.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, QuantStub):
                 if child.activation_post_process is None:
@@ -188,4 +188,4 @@ def convert(model: nn.Module) -> nn.Module:
                 _replace(module, child_name, IntConv2d(child))
             elif isinstance(child, QATLinear):
                 _replace(module, child_name, IntLinear(child))
-    return model
+    return network

@@ -4,7 +4,7 @@
 ``LoRALinear`` computes ``y = base(x) + s · B(A(dropout(x)))`` with FP32 adapters ``A`` (r, in)
 and ``B`` (out, r) and ``s = α/r`` (rsLoRA: ``α/√r``), peft's defaults: r = 8, α = 8, A
 kaiming-uniform with ``a = √5`` — uniform in ``±1/√in`` — from mpt's seeded Philox stream keyed by
-the layer's dotted name (``nn.init_uniform_``), B = 0, so a fresh adapter leaves the model's output
+the layer's dotted name (``nn.init_uniform_``), B = 0, so a fresh adapter leaves the network's output
 bit-identical (see below).
 
 **Base formats.** The frozen weight is stored as
@@ -19,7 +19,7 @@ bit-identical (see below).
 own format, or for int8/NF4 ``compute_format`` (default bf16, QLoRA's compute dtype); quantized
 weights are dequantized every call to float32 (``fl32(code·scale)``, ``fl32(level·absmax)``) then
 rounded RNE to the compute format (bitsandbytes computes the float product then converts); ``x``
-and the bias are cast (RNE) to the compute format; ``F.linear`` with the active matmul model. The
+and the bias are cast (RNE) to the compute format; ``F.linear`` with the active MMA model. The
 adapter path casts ``dropout(x)`` to FP32 and runs two FP32 ``F.linear`` GEMMs, then multiplies by
 ``fl32(s)``. The two are summed in FP32 (the base output decoded exactly) and rounded once to the
 compute format — peft's ``result + lora_B(lora_A(x))·scaling`` promoted to FP32, then
@@ -173,10 +173,10 @@ class LoRALinear(nn.Module):
                 f"compute={self.compute_format}, merged={self.merged}")
 
 
-def _targets(model: nn.Module, targets):
+def _targets(network: nn.Module, targets):
     """(parent, child name, dotted name) of each nn.Linear to adapt: all of them when ``targets``
     is None, else those whose dotted name equals or ends with ``.t`` for a ``t`` in targets."""
-    for name, module in list(model.named_modules()):
+    for name, module in list(network.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if type(child) is not nn.Linear:
@@ -185,57 +185,57 @@ def _targets(model: nn.Module, targets):
                 yield module, child_name, full
 
 
-def apply(model: nn.Module, r: int = 8, alpha: float = 8, dropout: float = 0.0, targets=None,
+def apply(network: nn.Module, r: int = 8, alpha: float = 8, dropout: float = 0.0, targets=None,
           use_rslora: bool = False, base_format=None, compute_format=None,
           double_quant: bool = False, seed: int = 0) -> nn.Module:
-    """Freeze every parameter of ``model`` and replace the targeted ``nn.Linear`` layers (in
+    """Freeze every parameter of ``network`` and replace the targeted ``nn.Linear`` layers (in
     place, keeping their position) by :class:`LoRALinear` with the given options; adapter ``A``
-    of a layer is drawn from ``(seed, "<dotted name>.lora_A")``. Returns ``model``; raises
+    of a layer is drawn from ``(seed, "<dotted name>.lora_A")``. Returns ``network``; raises
     ValueError when no layer matches ``targets`` (None, one name or a sequence of names)."""
     if isinstance(targets, str):
         targets = (targets,)                    # one name, not its characters
     if targets is not None and not all(isinstance(t, str) for t in targets):
         raise TypeError(f"targets must be None, a layer name or a sequence of names; got "
                         f"{targets!r}")
-    found = list(_targets(model, targets))
+    found = list(_targets(network, targets))
     if not found:
-        raise ValueError(f"targets {targets!r} match no nn.Linear of the model")
+        raise ValueError(f"targets {targets!r} match no nn.Linear of the network")
     layers = [LoRALinear(getattr(parent, child_name), r, alpha, dropout, use_rslora, base_format,
                          compute_format, double_quant, seed, key=full)
               for parent, child_name, full in found]        # every argument checked first
-    for p in model.parameters():
+    for p in network.parameters():
         p.requires_grad = False
     for (parent, child_name, _), layer in zip(found, layers):
         parent._modules[child_name] = layer
         object.__setattr__(parent, child_name, layer)
-    return model
+    return network
 
 
-def _lora_layers(model: nn.Module):
-    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+def _lora_layers(network: nn.Module):
+    return [m for m in network.modules() if isinstance(m, LoRALinear)]
 
 
-def merge(model: nn.Module) -> nn.Module:
-    """:meth:`LoRALinear.merge` on every adapter of ``model``."""
-    for m in _lora_layers(model):
+def merge(network: nn.Module) -> nn.Module:
+    """:meth:`LoRALinear.merge` on every adapter of ``network``."""
+    for m in _lora_layers(network):
         m.merge()
-    return model
+    return network
 
 
-def unmerge(model: nn.Module) -> nn.Module:
-    """:meth:`LoRALinear.unmerge` on every adapter of ``model``."""
-    for m in _lora_layers(model):
+def unmerge(network: nn.Module) -> nn.Module:
+    """:meth:`LoRALinear.unmerge` on every adapter of ``network``."""
+    for m in _lora_layers(network):
         m.unmerge()
-    return model
+    return network
 
 
-def trainable_parameters(model: nn.Module) -> dict:
+def trainable_parameters(network: nn.Module) -> dict:
     """peft's ``print_trainable_parameters`` as a dict: ``trainable`` (elements of parameters with
     ``requires_grad``), ``total`` (all parameters plus the logical size of quantized frozen
     weights), ``percent`` (100·trainable/total), and ``base_bytes`` (stored frozen LoRA bases)."""
-    trainable = sum(p.size for p in model.parameters() if p.requires_grad)
-    total = sum(p.size for p in model.parameters())
-    layers = _lora_layers(model)
+    trainable = sum(p.size for p in network.parameters() if p.requires_grad)
+    total = sum(p.size for p in network.parameters())
+    layers = _lora_layers(network)
     total += sum(m.in_features * m.out_features for m in layers if m.qweight is not None)
     return {"trainable": trainable, "total": total,
             "percent": 100.0 * trainable / total if total else 0.0,

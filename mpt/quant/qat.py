@@ -105,16 +105,16 @@ class QATConv2d(_QATLayer):
         return F.conv2d(x, w, self.bias, self.stride, self.padding, self.dilation)
 
 
-def prepare_qat(model: nn.Module, qconfig: QConfig | None = None, fuse_relu=()) -> nn.Module:
-    """Swap every ``nn.Linear``/``nn.Conv2d`` of ``model`` (in place, recursively) for a
+def prepare_qat(network: nn.Module, qconfig: QConfig | None = None, fuse_relu=()) -> nn.Module:
+    """Swap every ``nn.Linear``/``nn.Conv2d`` of ``network`` (in place, recursively) for a
     :class:`QATLinear`/:class:`QATConv2d` sharing its parameters, and give every
     :class:`QuantStub` an activation fake quantizer. ``fuse_relu`` names (dotted) the layers
-    followed by a ReLU that the model applies itself: their QAT layer applies it before the
-    output fake quantizer and the model's own ReLU then sees non-negative values (a no-op).
-    Default qconfig: :func:`default_qat_qconfig` ("fbgemm"). Returns ``model``.
+    followed by a ReLU that the network applies itself: their QAT layer applies it before the
+    output fake quantizer and the network's own ReLU then sees non-negative values (a no-op).
+    Default qconfig: :func:`default_qat_qconfig` ("fbgemm"). Returns ``network``.
     """
     qconfig = qconfig or default_qat_qconfig()
-    for name, module in list(model.named_modules()):
+    for name, module in list(network.named_modules()):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, QuantStub):
@@ -123,7 +123,7 @@ def prepare_qat(model: nn.Module, qconfig: QConfig | None = None, fuse_relu=()) 
                 _replace(module, child_name, QATLinear(child, qconfig, full in fuse_relu))
             elif type(child) is nn.Conv2d:
                 _replace(module, child_name, QATConv2d(child, qconfig, full in fuse_relu))
-    return model
+    return network
 
 
 def _replace(parent: nn.Module, name: str, child: nn.Module) -> None:

@@ -9,16 +9,16 @@ FP32 (AdamW, ``mlp_steps`` steps at ``mlp_lr``), then is quantized under each sc
 activations quint8 with reduce_range, i.e. [0, 127]); ``wWaA`` has ``W``-bit symmetric per-channel
 weights and the default's activations (``A = 8``) or affine ones in ``[0, 2^A − 1]``. Two ways:
 
-* **PTQ**: observers (moving-average min/max) watch the FP32 model's activations on
+* **PTQ**: observers (moving-average min/max) watch the FP32 network's activations on
   ``calib_batches`` training batches, fake quantization off; then ``mpt.quant.convert``;
 * **QAT**: ``mpt.quant.prepare_qat``, then ``qat_steps`` more AdamW steps through the fake
   quantizers (straight-through gradients, observers on, learning rate ``qat_lr``), observers
   frozen, ``convert``. ``fp32 + tune`` is the control: the same steps, batches and learning rate
-  on the float model, i.e. what the extra training alone is worth.
+  on the float network, i.e. what the extra training alone is worth.
 
 Both converted models are integer-only (int32 accumulation, fixed-point requantization); their
-held-out loss is measured on the integer model's dequantized logits, ``fake-quant`` on the
-fake-quant model it came from. ``int = fq %`` is the share of output codes where the two agree
+held-out loss is measured on the integer network's dequantized logits, ``fake-quant`` on the
+fake-quant network it came from. ``int = fq %`` is the share of output codes where the two agree
 (``mpt.quant.convert`` bounds where a layer's codes may differ — by one, next to a rounding tie,
 mostly from the int32 bias rounding — and a differing hidden code moves the logits after it).
 ``weight B``: weights packed at ``w`` bits plus float32 per-channel scales and int32 biases (FP32:
@@ -30,7 +30,7 @@ the task then shifts to another chain (``corpus_seed + 1``, same vocabulary and 
 scaling 1) over a frozen base stored in fp16, bf16, int8 (per-channel) or NF4 (blocks of 64),
 trained ``lora_steps`` steps (AdamW at the study's learning rate); each adapted layer computes in
 its base's compute format (fp16, bf16; bf16 for int8 and NF4, QLoRA's) and hands FP32 on to the
-FP32 rest of the model. Against them: no fine-tune (the base on the new chain) and a full
+FP32 rest of the network. Against them: no fine-tune (the base on the new chain) and a full
 FP32 fine-tune of every parameter. ``base B``: the stored frozen weights of the adapted layers
 (codes and scales); ``frozen B``: everything frozen (also the FP32 embeddings and LayerNorms, the
 biases in the compute format); ``train B``: FP32 trainable weights, gradients and AdamW's two
@@ -121,7 +121,7 @@ class BigramMLP(nn.Module):
     def forward(self, idx) -> Tensor:
         onehot = np.eye(self.vocab, dtype=np.float32)[np.asarray(idx)]         # (B, T, V)
         h = self.fc1(self.quant(Tensor(onehot)))                               # (B, T, H)
-        if isinstance(h, Tensor):  # the float model's ReLU; fused into fc1 once quantized
+        if isinstance(h, Tensor):  # the float network's ReLU; fused into fc1 once quantized
             h = F.relu(h)
         return self.dequant(self.fc2(h))                                       # (B, T, V)
 
@@ -147,40 +147,40 @@ def _qconfig(scheme) -> Q.QConfig:
     return Q.QConfig(activation, weight)
 
 
-def _fake_quantizers(model):
-    return [m for m in model.modules() if isinstance(m, Q.FakeQuantize)]
+def _fake_quantizers(network):
+    return [m for m in network.modules() if isinstance(m, Q.FakeQuantize)]
 
 
-def _loss(model, batches) -> float:
-    """Mean held-out loss (float64 mean of fp32 batch losses) of ``model``'s logits."""
+def _loss(network, batches) -> float:
+    """Mean held-out loss (float64 mean of fp32 batch losses) of ``network``'s logits."""
     losses = []
     with no_grad():
         for idx, targets in batches:
-            logits = model(idx)                                                # (B, T, V)
+            logits = network(idx)                                                # (B, T, V)
             B, T, V = logits.shape
             losses.append(float(F.cross_entropy(logits.reshape(B * T, V),
                                                 np.asarray(targets).reshape(-1)).item()))
     return math.fsum(losses) / len(losses)
 
 
-def _train(model, data, steps: int, lr: float, seed: int, warmup: int = 20) -> Trainer:
+def _train(network, data, steps: int, lr: float, seed: int, warmup: int = 20) -> Trainer:
     config = TrainConfig(lr=lr, min_lr=lr / 10, warmup_steps=min(warmup, steps), total_steps=steps,
                          betas=(0.9, 0.95), weight_decay=0.0, seed=seed)
-    trainer = Trainer(model, "fp32", config)
+    trainer = Trainer(network, "fp32", config)
     trainer.train(data, steps)
     return trainer
 
 
-def _weight_bytes(model, bits: int | None) -> int:
+def _weight_bytes(network, bits: int | None) -> int:
     """FP32: 4 B per weight and bias; ``bits``: packed codes + float32 scales + int32 biases."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    linears = [m for m in network.modules() if isinstance(m, nn.Linear)]
     if bits is None:
         return sum(4 * (m.weight.size + m.bias.size) for m in linears)
     return sum(math.ceil(m.weight.size * bits / 8) + 8 * m.out_features for m in linears)
 
 
 def _codes_agree(int_model, fq_model, batches) -> tuple[float, int]:
-    """(share of output codes where the integer model equals the fake-quant model, the largest
+    """(share of output codes where the integer network equals the fake-quant network, the largest
     difference of codes)."""
     out_fq = fq_model.fc2.activation_post_process
     same = total = worst = 0
@@ -197,9 +197,9 @@ def _codes_agree(int_model, fq_model, batches) -> tuple[float, int]:
 
 @dataclass(frozen=True)
 class QuantRow:
-    """One row of the QAT vs PTQ section: the held-out ``loss`` (of the integer-only model for a
-    quantized row), the bytes of its weights, and for quantized rows the fake-quant model's loss,
-    the share of output codes where the integer model equals it and their largest difference."""
+    """One row of the QAT vs PTQ section: the held-out ``loss`` (of the integer-only network for a
+    quantized row), the bytes of its weights, and for quantized rows the fake-quant network's loss,
+    the share of output codes where the integer network equals it and their largest difference."""
 
     loss: float
     weight_bytes: int
@@ -220,7 +220,7 @@ class QatSection:
 class LoraRow:
     """One row of the LoRA section: held-out loss on the shifted task, trainable parameters, bytes
     of the stored base weights, of everything frozen and of the training state, and the loss of
-    the model before fine-tuning on the original task (the stored base alone)."""
+    the network before fine-tuning on the original task (the stored base alone)."""
 
     loss: float
     trainable: int
@@ -252,22 +252,22 @@ def _section_dict(section) -> dict:
 def _quantized(fp32_model, scheme, calibrate, qat, eval_batches) -> QuantRow:
     """Prepare a copy of ``fp32_model`` under ``scheme``, calibrate (PTQ) or fine-tune (QAT), freeze
     observers, convert; the fake-quant and integer models' held-out losses."""
-    model = Q.prepare_qat(copy.deepcopy(fp32_model), _qconfig(scheme), fuse_relu=("fc1",))
+    network = Q.prepare_qat(copy.deepcopy(fp32_model), _qconfig(scheme), fuse_relu=("fc1",))
     if qat is None:
-        for fq in _fake_quantizers(model):
+        for fq in _fake_quantizers(network):
             fq.disable_fake_quant()
         for idx, _ in calibrate:
             with no_grad():
-                model(idx)
-        for fq in _fake_quantizers(model):
+                network(idx)
+        for fq in _fake_quantizers(network):
             fq.enable_fake_quant()
     else:
-        qat(model)
-    for fq in _fake_quantizers(model):
+        qat(network)
+    for fq in _fake_quantizers(network):
         fq.disable_observer()
-    fq_loss = _loss(model, eval_batches)
-    int_model = Q.convert(copy.deepcopy(model))
-    agree, worst = _codes_agree(int_model, model, eval_batches)
+    fq_loss = _loss(network, eval_batches)
+    int_model = Q.convert(copy.deepcopy(network))
+    agree, worst = _codes_agree(int_model, network, eval_batches)
     return QuantRow(_loss(int_model, eval_batches), _weight_bytes(fp32_model, scheme[0]),
                     fq_loss, agree, worst)
 
@@ -281,30 +281,30 @@ def run_qat_vs_ptq(config: QuantStudyConfig, study_config, corpus: MarkovCorpus)
         return lambda step, micro: corpus.batch(sc.batch, sc.seq_len, f"{tag}.{sc.seed}", step)
 
     evals = [corpus.batch(sc.batch, sc.seq_len, "eval", k) for k in range(sc.eval_batches)]
-    model = BigramMLP(corpus.vocab, config.hidden, seed=sc.seed)
-    _train(model, data("mlp"), config.mlp_steps, config.mlp_lr, sc.seed)
+    network = BigramMLP(corpus.vocab, config.hidden, seed=sc.seed)
+    _train(network, data("mlp"), config.mlp_steps, config.mlp_lr, sc.seed)
     calib = [corpus.batch(sc.batch, sc.seq_len, f"calib.{sc.seed}", k)
              for k in range(config.calib_batches)]
-    fp32_bytes = _weight_bytes(model, None)
-    rows = {"fp32": QuantRow(_loss(model, evals), fp32_bytes)}
+    fp32_bytes = _weight_bytes(network, None)
+    rows = {"fp32": QuantRow(_loss(network, evals), fp32_bytes)}
 
-    def tune(m):  # the QAT fine-tune; on the float model, the control (same steps and batches)
+    def tune(m):  # the QAT fine-tune; on the float network, the control (same steps and batches)
         _train(m, data("qat"), config.qat_steps, config.qat_lr, sc.seed)
 
-    control = copy.deepcopy(model)
+    control = copy.deepcopy(network)
     tune(control)
     rows["fp32 + tune"] = QuantRow(_loss(control, evals), fp32_bytes)
     for scheme in config.schemes:
         name = _scheme_name(scheme)
-        rows[f"ptq-{name}"] = _quantized(model, scheme, calib, None, evals)
-        rows[f"qat-{name}"] = _quantized(model, scheme, None, tune, evals)
+        rows[f"ptq-{name}"] = _quantized(network, scheme, calib, None, evals)
+        rows[f"qat-{name}"] = _quantized(network, scheme, None, tune, evals)
     return QatSection(rows, time.perf_counter() - start)
 
 
 # ---- LoRA over low-precision bases ---------------------------------------------------------------
 class _Fp32Out(nn.Module):
     """A LoRA layer whose output (in its compute format) is cast to FP32 for the FP32 rest of the
-    model (embeddings, LayerNorms, residual stream)."""
+    network (embeddings, LayerNorms, residual stream)."""
 
     def __init__(self, layer: lora.LoRALinear):
         super().__init__()
@@ -314,23 +314,23 @@ class _Fp32Out(nn.Module):
         return self.layer(x).to("fp32")
 
 
-def _frozen_bytes(model) -> int:
+def _frozen_bytes(network) -> int:
     """Stored bytes of everything frozen: parameters without grad plus quantized LoRA bases."""
-    params = sum(p.data.nbytes for p in model.parameters() if not p.requires_grad)
-    return params + sum(m.qweight.nbytes for m in model.modules()
+    params = sum(p.data.nbytes for p in network.parameters() if not p.requires_grad)
+    return params + sum(m.qweight.nbytes for m in network.modules()
                         if isinstance(m, lora.LoRALinear) and m.qweight is not None)
 
 
 def _lora_model(base, r: int, fmt: str, seed: int):
     """A copy of ``base`` with rank-``r`` adapters (alpha = r) on every Linear over ``fmt``."""
-    model = lora.apply(copy.deepcopy(base), r=r, alpha=r, base_format=fmt, seed=seed)
-    for _, module in list(model.named_modules()):
+    network = lora.apply(copy.deepcopy(base), r=r, alpha=r, base_format=fmt, seed=seed)
+    for _, module in list(network.named_modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, lora.LoRALinear):
                 wrapped = _Fp32Out(child)
                 module._modules[child_name] = wrapped
                 object.__setattr__(module, child_name, wrapped)
-    return model
+    return network
 
 
 def run_lora(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> LoraSection:
@@ -357,13 +357,13 @@ def run_lora(config: QuantStudyConfig, study_config, corpus: MarkovCorpus) -> Lo
     rows["full fp32"] = LoraRow(_loss(full, evals), n_params, 0, 0, _TRAIN_BYTES * n_params)
     for r in config.lora_ranks:
         for fmt in config.lora_formats:
-            model = _lora_model(base, r, fmt, sc.seed)
-            base_loss = _loss(model, original)  # B = 0: the stored base alone
-            _train(model, data(shifted, "lora.ft"), config.lora_steps, sc.lr, sc.seed)
-            report = lora.trainable_parameters(model)
+            network = _lora_model(base, r, fmt, sc.seed)
+            base_loss = _loss(network, original)  # B = 0: the stored base alone
+            _train(network, data(shifted, "lora.ft"), config.lora_steps, sc.lr, sc.seed)
+            report = lora.trainable_parameters(network)
             rows[f"lora r={r} {fmt}"] = LoraRow(
-                _loss(model, evals), report["trainable"], report["base_bytes"],
-                _frozen_bytes(model), _TRAIN_BYTES * report["trainable"], base_loss)
+                _loss(network, evals), report["trainable"], report["base_bytes"],
+                _frozen_bytes(network), _TRAIN_BYTES * report["trainable"], base_loss)
     return LoraSection(rows, shifted.entropy_rate, n_params, time.perf_counter() - start)
 
 

@@ -119,9 +119,9 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
     """Train the study's GPT under one recipe; returns its :class:`RecipeRun`."""
     corpus = _corpus(config) if corpus is None else corpus
     recipe = get_recipe(recipe, config.target)
-    model = GPT(corpus.vocab, config.d_model, config.n_layers, config.n_heads, config.seq_len,
+    network = GPT(corpus.vocab, config.d_model, config.n_layers, config.n_heads, config.seq_len,
                 seed=config.seed)
-    trainer = Trainer(model, recipe, config.train_config())
+    trainer = Trainer(network, recipe, config.train_config())
     bar = _Progress(recipe.name, config.steps, progress)
     start = time.perf_counter()
     stream = f"train.{config.seed}"

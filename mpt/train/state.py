@@ -1,5 +1,5 @@
 """L5: training checkpoints — everything a :class:`mpt.train.Trainer` needs to continue bit for
-bit: the model copy, the optimizer (FP32 masters and states, step counts), the loss scaler
+bit: the network copy, the optimizer (FP32 masters and states, step counts), the loss scaler
 (scale, growth tracker, records), every FP8 layer's delayed-scaling state (scales and amax
 histories), the dropout generator (``mpt.get_rng_state``), the step and the metrics history.
 (Data batches and the learning rate are functions of the step; stochastic rounding is keyed by
@@ -53,7 +53,7 @@ from mpt.train.trainer import StepMetrics
 __all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
 
 FORMAT = "mpt-train-state"
-VERSION = 1
+VERSION = 2   # 2: the network's arrays are named "network/<parameter>" (1: "model/...")
 _MANIFEST = "manifest.json"
 _NPZ_NAME = re.compile(r"state-[0-9a-f]{16}\.npz")
 _STATE_FIELDS = ("recipe", "config", "step", "optimizer", "scaler", "rng", "fp8", "history")
@@ -67,7 +67,7 @@ class CheckpointError(ValueError):
 # ---- what a trainer holds ------------------------------------------------------------------------
 def _collect(trainer) -> tuple[dict, dict]:
     """(arrays by name, JSON state) of a trainer."""
-    arrays = {f"model/{k}": v for k, v in trainer.model.state_dict().items()}
+    arrays = {f"network/{k}": v for k, v in trainer.network.state_dict().items()}
     opt = trainer.optimizer.state_dict()
     for index, state in opt["state"].items():
         for key, value in state.items():
@@ -284,19 +284,19 @@ def _check_run(trainer, state: dict) -> None:
                               "continue the same run")
 
 
-def _check_model(trainer, arrays: dict) -> dict:
-    params = dict(trainer.model.named_parameters())
-    saved = {n[len("model/"):] for n in arrays if n.startswith("model/")}
+def _check_network(trainer, arrays: dict) -> dict:
+    params = dict(trainer.network.named_parameters())
+    saved = {n[len("network/"):] for n in arrays if n.startswith("network/")}
     if saved != set(params):
-        _fail("arrays", f"hold other model parameters than the trainer's: "
+        _fail("arrays", f"hold other network parameters than the trainer's: "
                         f"{sorted(saved ^ set(params))[:5]}")
     out = {}
     for name, p in params.items():
-        out[name] = arrays[f"model/{name}"]
+        out[name] = arrays[f"network/{name}"]
         try:
             _check_loadable(name, out[name], p)
         except (TypeError, ValueError) as exc:
-            _fail(f"arrays['model/{name}']", f"does not fit the parameter: {exc}")
+            _fail(f"arrays['network/{name}']", f"does not fit the parameter: {exc}")
     return out
 
 
@@ -466,10 +466,10 @@ def _check_state(trainer, arrays: dict, state: dict) -> _Restore:
     step = _get(state, "step", "int", "state")
     if step < 0:
         _fail("state.step", f"must be >= 0; got {step}")
-    params = _check_model(trainer, arrays)
+    params = _check_network(trainer, arrays)
     fp8 = _check_fp8(trainer, arrays, state)
     optimizer, optimizer_names = _check_optimizer(trainer, arrays, state)
-    known = {f"model/{n}" for n in params} | optimizer_names | {
+    known = {f"network/{n}" for n in params} | optimizer_names | {
         f"fp8/{name}/{role}/{key}" for name, roles in fp8.items() for role in roles
         for key in ("scale", "amax_history")}
     extra = sorted(set(arrays) - known)
@@ -482,7 +482,7 @@ def _check_state(trainer, arrays: dict, state: dict) -> _Restore:
 def _apply(trainer, restore: _Restore) -> None:
     """Load a checked state into every part of the trainer (each load re-checks what it needs,
     and all of it was checked already, so none of them raises)."""
-    trainer.model.load_state_dict(restore.params)
+    trainer.network.load_state_dict(restore.params)
     trainer.optimizer.load_state_dict(restore.optimizer)
     for name, layer in trainer.fp8_layers.items():
         layer.load_fp8_state_dict(restore.fp8[name])

@@ -1,10 +1,10 @@
 """L5: a training loop that carries out a precision recipe and records what each step did to the
 numbers.
 
-:class:`Trainer` takes a model built in fp32 (``model(idx)`` → logits (B, T, vocab), e.g.
+:class:`Trainer` takes a network built in fp32 (``network(idx)`` → logits (B, T, vocab), e.g.
 ``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
 
-* the **model copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with ``fp8``)
+* the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with ``fp8``)
   or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
   ``recipe.param_format``;
 * the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
@@ -31,7 +31,7 @@ One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
 ``loss_multiplier`` (default 1) multiplies the loss before backward. A power of two changes no
 bits of an FP32 AdamW run except through ``eps`` (the update is ``m/(√v + eps)``, scale-free
 otherwise), but it moves every gradient by that factor in the low-precision formats: it is how
-``mpt study`` gives a small model the tiny per-micro-batch gradients of a large-batch run (see
+``mpt study`` gives a small network the tiny per-micro-batch gradients of a large-batch run (see
 ``mpt.study``).
 """
 from __future__ import annotations
@@ -191,19 +191,19 @@ def _make_scaler(recipe: Recipe):
 
 
 class Trainer:
-    """Carries out ``recipe`` on ``model`` (module docstring). ``model`` is changed in place (its
+    """Carries out ``recipe`` on ``network`` (module docstring). ``network`` is changed in place (its
     Linear layers swapped, its parameters rounded to the recipe's format)."""
 
-    def __init__(self, model, recipe, config: TrainConfig = TrainConfig()):
+    def __init__(self, network, recipe, config: TrainConfig = TrainConfig()):
         self.recipe = get_recipe(recipe)
         if not isinstance(config, TrainConfig):
             raise TypeError(f"config must be a TrainConfig; got {type(config).__name__}")
         self.config = config
-        self.model = model
+        self.network = network
         self.fp8_layers = self._swap_linears()
         if self.recipe.param_format != "fp32":
-            model.to(self.recipe.param_format)
-        self.optimizer = AdamW(model.named_parameters(), lr=config.lr, betas=config.betas,
+            network.to(self.recipe.param_format)
+        self.optimizer = AdamW(network.named_parameters(), lr=config.lr, betas=config.betas,
                                eps=config.eps, weight_decay=config.weight_decay,
                                master_weights=self.recipe.master_format is not None,
                                rounding=self.recipe.rounding, seed=config.seed,
@@ -221,16 +221,21 @@ class Trainer:
         recipe = self.recipe
         if recipe.fp8 is not None:
             fp8 = recipe.fp8
-            replace_linears(self.model, lambda lin: Fp8Linear(
+            replace_linears(self.network, lambda lin: Fp8Linear(
                 lin, fp8.scaling, model=fp8.model, promote_every=fp8.promote_every,
                 split_accumulator=fp8.split_accumulator))
         elif recipe.compute_format == "tf32":
-            replace_linears(self.model, lambda lin: Tf32Linear(lin, recipe.matmul_model))
-        return {name: m for name, m in self.model.named_modules() if isinstance(m, Fp8Linear)}
+            replace_linears(self.network, lambda lin: Tf32Linear(lin, recipe.matmul_model))
+        return {name: m for name, m in self.network.named_modules() if isinstance(m, Fp8Linear)}
 
     # ---- forward ---------------------------------------------------------------------------
+    @property
+    def model(self):
+        """The network (``network``; the name of mpt 0.1, where "model" also meant the network)."""
+        return self.network
+
     def region(self):
-        """The context a forward runs in: autocast (per-op casts) or the recipe's matmul model."""
+        """The context a forward runs in: autocast (per-op casts) or the recipe's MMA model."""
         r = self.recipe
         if r.autocast:
             return autocast(dtype=r.compute_format, model=r.matmul_model)
@@ -238,7 +243,7 @@ class Trainer:
 
     def _logits_and_loss(self, idx, targets):
         with self.region():
-            logits = self.model(idx)                                    # (B, T, V)
+            logits = self.network(idx)                                    # (B, T, V)
             if logits.format.name != self.recipe.output_format:
                 logits = logits.to(self.recipe.output_format)
             B, T, V = logits.shape
@@ -254,12 +259,12 @@ class Trainer:
         if not batches:
             raise ValueError("batches must hold at least one (idx, targets) batch to average over")
         fp8 = {name: layer.fp8_state_dict() for name, layer in self.fp8_layers.items()}
-        self.model.eval()
+        self.network.eval()
         try:
             with no_grad():
                 losses = [float(self._logits_and_loss(i, t)[1].item()) for i, t in batches]
         finally:
-            self.model.train()
+            self.network.train()
             for name, layer in self.fp8_layers.items():
                 layer.load_fp8_state_dict(fp8[name])
                 layer.reset_counts()
