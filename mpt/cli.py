@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from mpt._tables import text_table
+from mpt._tables import markdown_table, text_table
 from mpt.formats import FORMATS, RoundingMode, get_format
 from mpt.testing import as_bits
 
@@ -132,6 +132,24 @@ def _cmd_formats(args) -> int:
         print(json.dumps([f.describe() for f in FORMATS.values()], indent=2))
     else:
         print(format_table())
+    return 0
+
+
+def _cmd_models(args) -> int:
+    from mpt.engines import mma_models, models_table_rows   # L1, imported when needed
+
+    rows = models_table_rows()
+    print(json.dumps([m.describe() for m in mma_models().values()], indent=2) if args.json
+          else markdown_table(rows) if args.markdown else text_table(rows))
+    return 0
+
+
+def _cmd_targets(args) -> int:
+    from mpt.targets import targets, targets_table_rows   # L1, imported when needed
+
+    rows = targets_table_rows()
+    print(json.dumps([t.describe() for t in targets().values()], indent=2) if args.json
+          else markdown_table(rows) if args.markdown else text_table(rows))
     return 0
 
 
@@ -301,6 +319,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of stochastic rounding")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_round)
+    for name, func, text in (
+            ("models", _cmd_models, "the MMA models (matrix engines) and their evidence"),
+            ("targets", _cmd_targets, "the hardware targets: MMA model per format, evidence")):
+        p = sub.add_parser(name, help=text)
+        out = p.add_mutually_exclusive_group()
+        out.add_argument("--json", action="store_true", help="machine-readable output")
+        out.add_argument("--markdown", action="store_true", help="a Markdown table "
+                                                                 "(docs/targets.md)")
+        p.set_defaults(func=func)
     p = sub.add_parser("demo", help="the format table and a rounding tour")
     p.set_defaults(func=_cmd_demo)
     _add_golden(sub)
@@ -320,6 +347,9 @@ def main(argv=None) -> int:
         return 0
     try:
         return args.func(args)
+    except BrokenPipeError:   # the reader stopped (``mpt models | head``): not an error
+        sys.stderr.close()
+        return EXIT_OK
     except (ValueError, TypeError, OSError, ArithmeticError) as exc:  # bad input: one line
         print(f"mpt {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

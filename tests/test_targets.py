@@ -80,3 +80,26 @@ def test_a_recipe_on_a_target_trains_as_the_explicit_model():
     assert np.array_equal(on_target, trained(get_recipe("bf16-amp").replace(matmul_model="ampere")))
     # the check can fail: hopper's blocks of 16 (F=25) round differently from ampere's 8 (F=24)
     assert not np.array_equal(on_target, trained(get_recipe("bf16-amp")))
+
+
+def test_docs_tables_match_the_registries():
+    """docs/targets.md shows `mpt targets --markdown` and `mpt models --markdown` verbatim."""
+    import pathlib
+
+    from mpt._tables import markdown_table
+    from mpt.engines import models_table_rows
+    from mpt.targets import targets_table_rows
+
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "targets.md").read_text()
+    for rows in (targets_table_rows(), models_table_rows()):
+        assert markdown_table(rows) in page, "regenerate docs/targets.md (mpt targets --markdown)"
+
+
+def test_cli_lists_models_and_targets(capsys):
+    from mpt.cli import main
+
+    assert main(["targets"]) == 0 and "h100" in capsys.readouterr().out
+    assert main(["models", "--json"]) == 0
+    import json
+    models = json.loads(capsys.readouterr().out)
+    assert {m["name"]: m["evidence"] for m in models}["volta"] == "hardware-verified"

@@ -25,7 +25,7 @@ from mpt.engines.operands import operands_class
 from mpt.formats import get_format
 
 __all__ = ["EVIDENCE", "Assumption", "MMAConfig", "MMAModel", "register_model", "mma_models",
-           "get_mma_model"]
+           "get_mma_model", "models_table_rows"]
 
 #: Evidence labels, strongest first.
 EVIDENCE = ("hardware-verified", "reference model", "documented", "assumption")
@@ -235,3 +235,18 @@ def get_mma_model(model) -> MMAModel:
                           for m in _MODELS.values())
         raise ValueError(f"unknown MMA model {model!r}; valid models: {valid}")
     return found
+
+
+def models_table_rows() -> list[tuple[str, ...]]:
+    """Every registered model as table rows (header first): kind, evidence, each configuration's
+    inputs (and variant) with its evidence, assumed rules, aliases — ``mpt models`` and
+    docs/targets.md."""
+    rows = [("model", "kind", "evidence", "inputs: evidence", "assumptions", "aliases")]
+    for m in _MODELS.values():
+        inputs = "; ".join("/".join(c.inputs) + ("" if c.variant == "default" else
+                                                 f" [{c.variant}]") + f": {c.evidence}"
+                           for c in m.configs)
+        assumed = ", ".join(f"{a.name} ({'|'.join(a.choices)})" for a in m.assumptions)
+        rows.append((m.name, m.kind, m.evidence, inputs, assumed or "-",
+                     ", ".join(m.aliases) or "-"))
+    return rows

@@ -2,6 +2,8 @@
 model per input format, FP8 formats, conversion rules and evidence. Vendor modules register their
 targets when this package is imported."""
 from mpt.targets import nvidia  # noqa: F401  (registers the NVIDIA targets and the CPU)
-from mpt.targets.target import Conversions, Target, get_target, register_target, targets
+from mpt.targets.target import (Conversions, Target, get_target, register_target, targets,
+                                targets_table_rows)
 
-__all__ = ["Target", "Conversions", "targets", "get_target", "register_target"]
+__all__ = ["Target", "Conversions", "targets", "get_target", "register_target",
+           "targets_table_rows"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from mpt.engines.model import EVIDENCE, get_mma_model
 from mpt.formats import get_format
 
-__all__ = ["Conversions", "Target", "register_target", "get_target", "targets"]
+__all__ = ["Conversions", "Target", "register_target", "get_target", "targets",
+           "targets_table_rows"]
 
 #: Input formats a target maps to an MMA model; every fp8 flavour counts as "fp8".
 _FP8 = ("fp8_e4m3fn", "fp8_e5m2", "fp8_e4m3fnuz", "fp8_e5m2fnuz")
@@ -148,3 +149,22 @@ def get_target(target) -> Target:
     if found is None:
         raise ValueError(f"unknown target {target!r}; valid targets: {', '.join(_TARGETS)}")
     return found
+
+
+def targets_table_rows() -> list[tuple[str, ...]]:
+    """Every registered target as table rows (header first): vendor, evidence per format, FP8
+    formats, conversion rules, aliases — ``mpt targets`` and docs/targets.md."""
+    rows = [("target", "vendor", "MMA model per format (evidence)", "fp8 fwd/bwd", "conversions",
+             "aliases")]
+    for t in _TARGETS.values():
+        by_format = t.evidence_by_format()
+        models = ", ".join(f"{f}: {m} ({by_format[f]})" for f, m in t.mma)
+        c = t.conversions
+        rules = "; ".join(x for x in (
+            f"flush subnormals to {'/'.join(c.flush_subnormals)}" if c.flush_subnormals else "",
+            "saturating fp8 casts" if c.fp8_saturate else "fp8 casts overflow",
+            f"stochastic rounding: {c.stochastic_rounding}" if c.stochastic_rounding else "",
+            f"({c.evidence})") if x)
+        rows.append((t.name, t.vendor, models, "/".join(t.fp8) if t.fp8 else "-", rules,
+                     ", ".join(t.aliases) or "-"))
+    return rows
