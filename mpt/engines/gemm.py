@@ -53,8 +53,10 @@ def _input_formats(a, b, in_format) -> list[str]:
     return names
 
 
-def _prepare(a, b, c, model, in_format, out_format, variant=None):
-    """Validate the arguments shared by mma and gemm; returns (operands, c as (B, M, N), shape)."""
+def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None):
+    """Validate the arguments shared by mma and gemm; returns (operands, c as (B, M, N), shape).
+    ``scales``: None or (scale_a, scale_b) block scales for the instruction (kinds that take
+    them check them); ``options``: the model's keyword options."""
     model = get_mma_model(model)
     a, b = np.asarray(a), np.asarray(b)
     for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
@@ -64,6 +66,10 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None):
         raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
     fa, fb = _input_formats(a, b, in_format)
     cfg = model.config(fa, fb, variant)
+    if out_format is None:   # from c: fp16, or fp64 where the model has an fp64 output; else fp32
+        kind = np.asarray(c).dtype if c is not None else None
+        fp64 = kind == np.float64 and any(o[0] == "fp64" for o in cfg.outputs)
+        out_format = "fp16" if kind == np.float16 else "fp64" if fp64 else "fp32"
     out_name = get_format(out_format).name
     cfg.output(out_name)
     m, n = a.shape[-2], b.shape[-1]
@@ -84,7 +90,8 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None):
         shapes = ", ".join(str(s) for s in (a.shape, b.shape) + (() if c is None else (c.shape,)))
         raise ValueError(f"a, b (and c) batch dimensions do not broadcast: {shapes}") from None
     with _mma.threads_for(int(np.prod(batch)) * m * n * a.shape[-1]):
-        ops = operands_class(model.kind)(model, cfg, a, b, (fa, fb), out_name, batch)
+        ops = operands_class(model.kind)(model, cfg, a, b, (fa, fb), out_name, batch, scales,
+                                         options)
     c3 = None if c is None else c.reshape((-1, m, n))
     return ops, c3, batch + (m, n)
 
@@ -107,18 +114,22 @@ def _ieee_values(fn):
 
 
 @_ieee_values
-def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None):
+def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, scale_a=None,
+        scale_b=None, **options):
     """D = A·B + C with one MMA model, the whole K chained in blocks as the hardware does.
 
     a: (..., M, K), b: (..., K, N) arrays of the input format's dtype — float16, bfloat16,
     float8_e4m3fn / float8_e5m2 (mixable), fp6/fp4 (Blackwell), or float32 with
     ``in_format="tf32"`` (the low 13 bits are dropped, toward zero) or with an IEEE/exact model.
     ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
-    c: (..., M, N) float32 (FP32 output) or float16 (FP16 output), or None for +0; leading batch
-    dimensions broadcast. ``out_format``: "fp32" or "fp16" (None: c's dtype, else "fp32").
+    c: (..., M, N) float32 (FP32 output), float16 (FP16 output) or float64 (FP64 output, for
+    models that have one), or None for +0; leading batch dimensions broadcast. ``out_format``:
+    "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else "fp32").
     ``model``: a name or alias from ``mpt.mma_models()``, or an :class:`~mpt.MMAModel` (e.g. one
     with assumed rules chosen by ``configure``); ``variant``: an instruction variant of the model
-    (None: its default).
+    (None: its default); ``scale_a``/``scale_b``: the instruction's block scales, for models with
+    block-scaled instructions; ``options``: keyword options of the model's kind (its operand
+    class lists them; an unknown one is a TypeError).
 
     Precision contract: K is consumed in blocks of the model's L in increasing k; each block is
     the truncated fused dot-product-add of the spec and its result, rounded to the output
@@ -127,16 +138,15 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None):
     canonical NaNs. Raises ValueError for input/output formats the model does not support.
     Oracle: ``mpt.reference.mma.mma_reference``; hardware: tests/test_mma_hardware.py.
     """
-    if out_format is None:
-        out_format = "fp16" if c is not None and np.asarray(c).dtype == np.float16 else "fp32"
-    ops, c3, shape = _prepare(a, b, c, model, in_format, out_format, variant)
+    scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)
+    ops, c3, shape = _prepare(a, b, c, model, in_format, out_format, variant, scales, options)
     acc = ops.new_acc(c3)
     with _mma.threads_for(ops.work):
         ops.chain(acc, 0, ops.k)
     d = ops.values(acc)
     if ops.out_format == "fp16":
         d = d.astype(np.float16)  # exact: the values are FP16 numbers
-    return _canonical_nan(d).reshape(shape)
+    return (_canonical_nan(d) if ops.canonical_nan else d).reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -169,11 +179,12 @@ class Scale:
 
 @_ieee_values
 def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, scale_b=None,
-         out_format="fp32", in_format=None, accumulate="fp32", variant=None):
+         out_format="fp32", in_format=None, accumulate="fp32", variant=None, **options):
     """A GEMM as a GPU library runs it on one MMA model: the software around the Tensor Core.
 
-    a (..., M, K), b (..., K, N), c (..., M, N), ``in_format``, ``model`` and ``variant`` as in
-    :func:`mma`; batch dimensions broadcast. Per output element, in this order:
+    a (..., M, K), b (..., K, N), c (..., M, N), ``in_format``, ``model``, ``variant`` and the
+    model's keyword ``options`` as in :func:`mma`; batch dimensions broadcast. Per output
+    element, in this order:
 
     1. **split-K**: K is cut into ``split_k`` chunks of ceil(K/split_k) products rounded up to
        a multiple of the block L (of ``promote_every`` when given); each chunk runs on its own
@@ -208,7 +219,7 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
-    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant)
+    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, options=options)
     unit = promote_every or ops.unit
     if promote_every is not None and promote_every % ops.unit:
         raise ValueError(f"promote_every must be a multiple of the model's block of {ops.unit} "
@@ -233,9 +244,10 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
             for s in (sa, sb):
                 alpha = alpha * (np.float32(1.0) if s is None else s.values)
             d = fma_array(alpha, d, np.float32(-0.0) if c3 is None else c3.astype(np.float32))
-    d = _canonical_nan(d)
+    nan = _canonical_nan if ops.canonical_nan else (lambda x: x)
+    d = nan(d)
     if out_name != "fp32":
-        d = _canonical_nan(_rounding.round(d, out_name))            # RNE, one rounding
+        d = nan(_rounding.round(d, out_name))                       # RNE, one rounding
     return d.reshape(shape)
 
 

@@ -4,11 +4,15 @@ Every arithmetic ``kind`` of :class:`~mpt.engines.model.MMAModel` has one :class
 subclass, registered with :func:`register_kind`. ``mpt.mma`` and ``mpt.gemm`` only use this
 interface:
 
-* ``ops = cls(model, cfg, a, b, formats, out_format, batch)`` decodes the operands once;
+* ``ops = cls(model, cfg, a, b, formats, out_format, batch, scales, options)`` decodes the
+  operands once (``scales``: the instruction's block scales, for kinds with ``SCALES``;
+  ``options``: keyword options the kind accepts, ``OPTIONS``);
 * ``acc = ops.new_acc(c)`` makes an accumulator holding c (or +0);
 * ``ops.chain(acc, k0, k1)`` runs the model over k in [k0, k1), in increasing k, in place
   (k0 and k1 multiples of :attr:`Operands.unit`, or K);
-* ``ops.values(acc)`` returns the accumulator as (B, M, N) float32 values of the output format.
+* ``ops.values(acc)`` returns the accumulator as (B, M, N) values of the output format: float32
+  (float64 for an fp64 output); ``mma`` writes the canonical NaN over NaNs when the kind's
+  hardware returns one (``canonical_nan``).
 
 The base class keeps the accumulator as a plain (B, M, N) array of :attr:`acc_dtype`; subclasses
 with packed, register-blocked kernels override the three methods.
@@ -21,7 +25,7 @@ from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 
 __all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "values32",
-           "batched", "tiles", "transposed", "output_params", "emin_pow2"]
+           "decoded", "batched", "tiles", "transposed", "output_params", "emin_pow2"]
 
 _KINDS: dict[str, type] = {}
 
@@ -49,6 +53,13 @@ def values32(x: np.ndarray, fmt: str) -> np.ndarray:
     if fmt == "tf32":
         return (np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
     return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
+    """The exact values of an operand: float64 for fp64, else float32 (:func:`values32`)."""
+    if fmt == "fp64":
+        return np.ascontiguousarray(x, dtype=np.float64)
+    return values32(x, fmt)
 
 
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -79,18 +90,34 @@ class Operands:
     """
 
     acc_dtype = np.float64
+    #: the hardware writes one canonical NaN (NVIDIA: 0x7FFFFFFF / 0x7FFF) over every NaN result
+    canonical_nan = True
+    #: keyword options (``mpt.mma(..., name=value)``) this kind accepts
+    OPTIONS: tuple[str, ...] = ()
+    #: whether this kind takes the instruction's block scales (``scale_a``/``scale_b``)
+    SCALES = False
 
     @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse a configuration whose parameters this kind's kernels cannot run exactly
         (ValueError naming the parameter). Subclasses override it."""
 
-    def __init__(self, model, cfg, a, b, formats, out_format, batch):
-        self.model, self.cfg = model, cfg
+    def __init__(self, model, cfg, a, b, formats, out_format, batch, scales=None, options=None):
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            valid = ", ".join(self.OPTIONS) or "none"
+            raise TypeError(f"model {model.name!r} takes no option {', '.join(unknown)}; its "
+                            f"options: {valid}")
+        if scales is not None and not self.SCALES:
+            raise ValueError(f"model {model.name!r} takes no block scales (scale_a/scale_b) for "
+                             f"{'/'.join(formats)} inputs")
+        self.model, self.cfg, self.options, self.scales = model, cfg, options, scales
         self.formats, self.out_format = tuple(formats), out_format
         self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
-        self.a, self.ia = batched(values32(a, formats[0]), batch)     # (Ba, M, K)
-        self.b, self.ib = batched(values32(b, formats[1]), batch)     # (Bb, K, N)
+        self.batch = batch
+        self.a, self.ia = batched(decoded(a, formats[0]), batch)      # (Ba, M, K)
+        self.b, self.ib = batched(decoded(b, formats[1]), batch)      # (Bb, K, N)
         self.prepare()
 
     def prepare(self) -> None:
@@ -121,8 +148,9 @@ class Operands:
         raise NotImplementedError
 
     def values(self, acc) -> np.ndarray:
-        """The accumulator as (B, M, N) float32 values."""
-        return np.ascontiguousarray(acc, dtype=np.float32)
+        """The accumulator as (B, M, N) values: float32, or float64 for an fp64 output."""
+        return np.ascontiguousarray(acc, dtype=np.float64 if self.out_format == "fp64"
+                                    else np.float32)
 
 
 class PackedOperands(Operands):
