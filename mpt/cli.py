@@ -101,14 +101,14 @@ class _Parser(argparse.ArgumentParser):
 
 def round_rows(values, formats, mode="nearest_even", *, saturate=False, seed=None):
     """One dict per (value, format): the rounded value, its bits and the relative error."""
-    from mpt.rounding import round as mpt_round  # L1, imported when the command needs it
+    from mpt.rounding import round as round_format  # L1, imported when the command needs it
 
     x = np.array(values, dtype=np.float64)
     rows = []
     for name in formats:
         fmt = get_format(name)
         with np.errstate(over="ignore", invalid="ignore"):
-            y = mpt_round(x, fmt, mode, saturate=saturate, seed=seed)
+            y = round_format(x, fmt, mode, saturate=saturate, seed=seed)
             back = y.astype(np.float64)
         bits = as_bits(y, fmt)
         width = max(1, (fmt.bits + 3) // 4)

@@ -35,7 +35,7 @@ import numpy as np
 
 from mpt._checks import check_array, check_bool, check_int, check_real
 from mpt.formats import Format, get_format
-from mpt.rounding import round as _round
+from mpt.rounding import round as round_format
 from mpt.autograd.tensor import opmath
 
 __all__ = [
@@ -124,7 +124,7 @@ def quantize(x, fmt, scale) -> Fp8Array:
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = _as_f32(x) * scale                                    # rounded to float32 once
         scale_inv = _F32(1) / scale
-    return Fp8Array(_round(scaled, fmt, "nearest_even", saturate=True), scale_inv, fmt)
+    return Fp8Array(round_format(scaled, fmt, "nearest_even", saturate=True), scale_inv, fmt)
 
 
 def _scale_from_amax(amax, fmt_max, margin) -> np.float32:
@@ -308,6 +308,6 @@ def mx_quantize(x, fmt) -> MXArray:
     shared = np.where(finite, shared, 0)
     scale_bits = np.where(finite, shared + 127, 0xFF).astype(np.uint8)
     scaled = blocks.astype(np.float64) * np.exp2(-shared)[..., None]  # exact in float64
-    codes = _round(scaled, fmt, "nearest_even", saturate=True)
+    codes = round_format(scaled, fmt, "nearest_even", saturate=True)
     codes = codes.reshape(padded.shape)[..., :n]
     return MXArray(np.ascontiguousarray(codes), scale_bits.view(_E8M0.dtype), fmt)

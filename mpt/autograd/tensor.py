@@ -37,7 +37,7 @@ from mpt._checks import check_bool
 from mpt.formats import Format, get_format
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
-from mpt.rounding import round as _round
+from mpt.rounding import round as round_format
 
 __all__ = [
     "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
@@ -108,7 +108,7 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     if mode == "nearest_even" and (x.dtype, fmt.name) in _ASTYPE_RNE:
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(fmt.dtype)
-    return np.asarray(_round(x, fmt, mode))  # mpt.round returns numpy scalars for 0-d input
+    return np.asarray(round_format(x, fmt, mode))  # mpt.round returns numpy scalars for 0-d input
 
 
 _ASTYPE_RNE = {(np.dtype(np.float32), "fp16"), (np.dtype(np.float32), "bf16"),

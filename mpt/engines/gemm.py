@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mpt import rounding as _rounding
 from mpt._checks import check_int
 from mpt.engines.model import get_mma_model
 from mpt.engines.operands import operands_class, tiles
 from mpt.formats import get_format
 from mpt.kernels import mma as _mma
 from mpt.kernels.fma import fma_array
+from mpt.rounding import round as round_format
 
 __all__ = ["mma", "gemm", "Scale"]
 
@@ -247,7 +247,7 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     nan = _canonical_nan if ops.canonical_nan else (lambda x: x)
     d = nan(d)
     if out_name != "fp32":
-        d = nan(_rounding.round(d, out_name))                       # RNE, one rounding
+        d = nan(round_format(d, out_name))                       # RNE, one rounding
     return d.reshape(shape)
 
 

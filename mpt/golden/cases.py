@@ -30,7 +30,7 @@ from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
 from mpt.engines import gemm, mma, mma_models
 from mpt.nn import GPT, Parameter
 from mpt.optim import SGD, AdamW
-from mpt.rounding import round as mpt_round
+from mpt.rounding import round as round_format
 from mpt.amp.recipes import recipe_names
 from mpt.autograd.tensor import Tensor, tensor
 from mpt.train.trainer import TrainConfig, Trainer
@@ -128,7 +128,7 @@ def _in_format(fmt: str, x) -> np.ndarray:
     f = get_format(fmt)
     saturate = not f.has_inf
     with np.errstate(over="ignore"):
-        return mpt_round(np.asarray(x, np.float64).astype(np.float32), fmt, saturate=saturate)
+        return round_format(np.asarray(x, np.float64).astype(np.float32), fmt, saturate=saturate)
 
 
 def _specials(fmt: str) -> np.ndarray:

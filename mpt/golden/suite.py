@@ -19,7 +19,7 @@ from mpt._io import atomic_write_bytes as _atomic_write_bytes
 from mpt._io import NATIVE_DTYPES, read_in_folder, storable
 from mpt._io import sha256 as _sha256
 from mpt.formats import FORMATS, get_format
-from mpt.rounding import round as mpt_round
+from mpt.rounding import round as round_format
 from mpt.golden import cases as golden_cases
 from mpt.golden.manifest import (FIXTURE_KIND, KINDS, MANIFEST, SCHEMA_VERSION, Case, GoldenError,
                                  _case_bytes, _check_entry, _check_name, _check_names,
@@ -34,7 +34,7 @@ __all__ = ["KINDS", "SUITES", "register_kind", "generate", "write_suite", "load_
 
 
 def _compute_round(inputs, params):
-    return {"y": mpt_round(inputs["x"], params["format"], params["mode"],
+    return {"y": round_format(inputs["x"], params["format"], params["mode"],
                            saturate=params["saturate"], subnormals=params["subnormals"],
                            random_bits=inputs.get("random_bits"))}
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from mpt._checks import check_bool, check_int, check_real
 from mpt.formats import UNSIGNED, get_format, rounding_mode
-from mpt.rounding import round as _round
+from mpt.rounding import round as round_format
 from mpt.autograd.tensor import opmath
 
 __all__ = ["Optimizer", "CopyDownStats"]
@@ -244,7 +244,7 @@ class Optimizer:
         old_bits = p.data.copy().reshape(-1)
         key = dict(seed=self.seed, stream=self._stream(index)) \
             if self.rounding == "stochastic" else {}
-        new = _round(work.reshape(p.data.shape), fmt, self.rounding, **key)
+        new = round_format(work.reshape(p.data.shape), fmt, self.rounding, **key)
         same = new.reshape(-1).view(UNSIGNED[new.itemsize]) == old_bits.view(UNSIGNED[new.itemsize])
         p.data[...] = new
         _bump(p)

@@ -32,7 +32,7 @@ import numpy as np
 from mpt.amp.scaler import non_finite
 from mpt.formats import get_format
 from mpt.rounding import decode
-from mpt.rounding import round as _round
+from mpt.rounding import round as round_format
 
 __all__ = [
     "CastStats", "cast_stats", "tensor_cast_stats", "Log2Histogram", "log2_histogram",
@@ -92,7 +92,7 @@ def cast_stats(x, fmt) -> CastStats:
     finite = np.isfinite(v)
     nonzero = finite & (v != 0)
     with np.errstate(over="ignore", invalid="ignore"):
-        y = np.abs(decode(_round(v, fmt), np.float64)).reshape(-1)               # (n,) exact
+        y = np.abs(decode(round_format(v, fmt), np.float64)).reshape(-1)               # (n,) exact
     y_finite = np.isfinite(y)
     return CastStats(
         fmt.name, int(v.size), int(np.count_nonzero(nonzero)),
