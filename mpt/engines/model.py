@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from mpt._checks import check_int
+from mpt._registry import Registry
 from mpt.engines.operands import operands_class
 from mpt.formats import get_format
 
@@ -198,43 +199,24 @@ class MMAModel:
                 "configs": [c.describe() for c in self.configs]}
 
 
-_MODELS: dict[str, MMAModel] = {}
-_BY_NAME: dict[str, MMAModel] = {}
+_MODELS = Registry(MMAModel, "MMA model", "models")
 
 
 def register_model(model: MMAModel) -> MMAModel:
     """Add a model to the registry under its name and aliases (case-insensitive); returns it.
-    ValueError if a name is taken or its kind has no operand class (checked when it runs)."""
-    if not isinstance(model, MMAModel):
-        raise TypeError(f"model must be an MMAModel; got {type(model).__name__}")
-    for key in (model.name, *model.aliases):
-        if key.lower() in _BY_NAME:
-            raise ValueError(f"MMA model name {key!r} is already registered")
-    _MODELS[model.name] = model
-    for key in (model.name, *model.aliases):
-        _BY_NAME[key.lower()] = model
-    return model
+    ValueError if a name is taken."""
+    return _MODELS.register(model)
 
 
 def mma_models() -> dict[str, MMAModel]:
     """Every registered model by canonical name (aliases in ``MMAModel.aliases``), in the order
     they were registered (NVIDIA by generation, then the IEEE models, then other vendors)."""
-    return dict(_MODELS)
+    return _MODELS.all()
 
 
 def get_mma_model(model) -> MMAModel:
     """A model by name or alias (case-insensitive), or an :class:`MMAModel` passed through."""
-    if isinstance(model, MMAModel):
-        return model
-    if not isinstance(model, str):
-        raise TypeError(f"model must be an MMA model name or an MMAModel; got "
-                        f"{type(model).__name__}")
-    found = _BY_NAME.get(model.lower())
-    if found is None:
-        valid = ", ".join(f"{m.name} ({'/'.join(m.aliases)})" if m.aliases else m.name
-                          for m in _MODELS.values())
-        raise ValueError(f"unknown MMA model {model!r}; valid models: {valid}")
-    return found
+    return _MODELS.get(model, "model")
 
 
 def models_table_rows() -> list[tuple[str, ...]]:
@@ -242,7 +224,7 @@ def models_table_rows() -> list[tuple[str, ...]]:
     inputs (and variant) with its evidence, assumed rules, aliases — ``mpt models`` and
     docs/targets.md."""
     rows = [("model", "kind", "evidence", "inputs: evidence", "assumptions", "aliases")]
-    for m in _MODELS.values():
+    for m in _MODELS.all().values():
         inputs = "; ".join("/".join(c.inputs) + ("" if c.variant == "default" else
                                                  f" [{c.variant}]") + f": {c.evidence}"
                            for c in m.configs)

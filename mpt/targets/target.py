@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mpt._registry import Registry
 from mpt.engines.model import EVIDENCE, get_mma_model
 from mpt.formats import get_format
 
@@ -117,38 +118,22 @@ class Target:
                 "sources": list(self.sources)}
 
 
-_TARGETS: dict[str, Target] = {}
-_BY_NAME: dict[str, Target] = {}
+_TARGETS = Registry(Target, "target", "targets")
 
 
 def register_target(target: Target) -> Target:
     """Add a target under its name and aliases (case-insensitive); returns it."""
-    if not isinstance(target, Target):
-        raise TypeError(f"target must be a Target; got {type(target).__name__}")
-    for key in (target.name, *target.aliases):
-        if key.lower() in _BY_NAME:
-            raise ValueError(f"target name {key!r} is already registered")
-    _TARGETS[target.name] = target
-    for key in (target.name, *target.aliases):
-        _BY_NAME[key.lower()] = target
-    return target
+    return _TARGETS.register(target)
 
 
 def targets() -> dict[str, Target]:
     """Every registered target by name, in registration order."""
-    return dict(_TARGETS)
+    return _TARGETS.all()
 
 
 def get_target(target) -> Target:
     """A target by name or alias (case-insensitive), or a :class:`Target` passed through."""
-    if isinstance(target, Target):
-        return target
-    if not isinstance(target, str):
-        raise TypeError(f"target must be a target name or a Target; got {type(target).__name__}")
-    found = _BY_NAME.get(target.lower())
-    if found is None:
-        raise ValueError(f"unknown target {target!r}; valid targets: {', '.join(_TARGETS)}")
-    return found
+    return _TARGETS.get(target, "target")
 
 
 def targets_table_rows() -> list[tuple[str, ...]]:
@@ -156,7 +141,7 @@ def targets_table_rows() -> list[tuple[str, ...]]:
     formats, conversion rules, aliases — ``mpt targets`` and docs/targets.md."""
     rows = [("target", "vendor", "MMA model per format (evidence)", "fp8 fwd/bwd", "conversions",
              "aliases")]
-    for t in _TARGETS.values():
+    for t in _TARGETS.all().values():
         by_format = t.evidence_by_format()
         models = ", ".join(f"{f}: {m} ({by_format[f]})" for f, m in t.mma)
         c = t.conversions
