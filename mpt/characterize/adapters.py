@@ -36,7 +36,7 @@ from mpt.engines import MMAModel, get_mma_model, mma
 from mpt.formats import get_format
 from mpt.rounding import round as _round
 
-__all__ = ["MptAdapter", "TorchAdapter", "get_adapter", "with_fraction_bits"]
+__all__ = ["MptAdapter", "TorchAdapter", "get_adapter", "with_fraction_bits", "c_prefix"]
 
 
 class MptAdapter:
@@ -148,7 +148,7 @@ class TorchAdapter:
 
     def accepts(self, a, b, c, in_format, out_format):
         """Rows whose c the prefix forms exactly on the device."""
-        prefixes = [self._prefix(float(x), in_format) for x in np.asarray(c, np.float64)]
+        prefixes = [c_prefix(float(x), in_format, self.WIDTH) for x in np.asarray(c, np.float64)]
         ok = np.array([p is not None for p in prefixes])
         if ok.any():
             rows = np.flatnonzero(ok)
@@ -160,7 +160,7 @@ class TorchAdapter:
     def run(self, a, b, c, in_format, out_format):
         if out_format != "fp32":
             raise ValueError("the torch adapter computes FP32 outputs only")
-        prefixes = [self._prefix(float(x), in_format) for x in np.asarray(c, np.float64)]
+        prefixes = [c_prefix(float(x), in_format, self.WIDTH) for x in np.asarray(c, np.float64)]
         if any(p is None for p in prefixes):
             raise ValueError("a probe's c cannot be formed by the prefix (check accepts first)")
         return self._gemm(a, b, prefixes, in_format)
@@ -175,21 +175,6 @@ class TorchAdapter:
         if "gfx950" in self.arch:
             return ("fp8_e4m3fn", "fp8_e5m2")
         return ()
-
-    def _prefix(self, c: float, in_format: str):
-        """(a, b) value lists of at most WIDTH products, one power of two per bit of c (largest
-        first), or None if the input format cannot form them."""
-        if c == 0 and math.copysign(1.0, c) > 0:
-            return [], []
-        if not math.isfinite(c) or c == 0:
-            return None
-        num, den = abs(c).as_integer_ratio()
-        e0 = -(den.bit_length() - 1)
-        bits = [e0 + i for i in range(num.bit_length()) if num >> i & 1][::-1]
-        pairs = [factor(1 if c > 0 else -1, e, get_format(in_format).name) for e in bits]
-        if len(pairs) > self.WIDTH or any(p is None for p in pairs):
-            return None
-        return [p[0] for p in pairs], [p[1] for p in pairs]
 
     def _dtype(self, in_format):
         t = self.torch
@@ -246,6 +231,23 @@ class TorchAdapter:
             (flags.allow_tf32, flags.allow_fp16_reduced_precision_reduction,
              flags.allow_bf16_reduced_precision_reduction) = saved
         return d[:, 0, 0].cpu().numpy().astype(np.float32)
+
+
+def c_prefix(c: float, in_format: str, width: int = TorchAdapter.WIDTH):
+    """C as products for a prefix of the probe: (a, b) value lists, one power of two per bit of
+    c, largest first, at most ``width`` of them, whose exact sum is c; ``([], [])`` for +0;
+    None if the input format cannot form them (or c is −0, Inf or NaN)."""
+    if c == 0 and math.copysign(1.0, c) > 0:
+        return [], []
+    if not math.isfinite(c) or c == 0:
+        return None
+    num, den = abs(c).as_integer_ratio()
+    e0 = -(den.bit_length() - 1)
+    exponents = [e0 + i for i in range(num.bit_length()) if num >> i & 1][::-1]
+    pairs = [factor(1 if c > 0 else -1, e, get_format(in_format).name) for e in exponents]
+    if len(pairs) > width or any(p is None for p in pairs):
+        return None
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def get_adapter(spec: str, *, variant: str | None = None, assume: dict | None = None,

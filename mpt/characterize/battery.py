@@ -267,8 +267,8 @@ def _random(bld: ProbeBuilder, seed: int) -> None:
         span_in = (fin.emin, fin.emax) if wide else (max(fin.emin, -4), min(fin.emax, 4))
         span_c = (fout.emin, fout.emax) if wide else (max(fout.emin, -4), min(fout.emax, 8))
         a, b = _random_values(rng, fin, span_in, k), _random_values(rng, fin, span_in, k)
-        bld.add("random", (i,), dict(enumerate(zip(a, b))), _random_values(rng, fout, span_c, 1)[0],
-                f"random normal values, exponents in [{span_in[0]}, {span_in[1]}]")
+        bld.add_values("random", (i,), a, b, _random_values(rng, fout, span_c, 1)[0],
+                       f"random normal values, exponents in [{span_in[0]}, {span_in[1]}]")
 
 
 def _random_values(rng, fmt, span, n) -> list[float]:

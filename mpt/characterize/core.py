@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpt import __version__
+from mpt._version import __version__
 from mpt._io import atomic_write_bytes
 from mpt.characterize.battery import build_battery
 from mpt.characterize.fit import BlockFit, block_model, fit_block
 from mpt.characterize.infer import Finding, read_all
 from mpt.characterize.match import Comparison, candidates, compare
 from mpt.characterize.probes import ProbeSet, bits_of
+from mpt.characterize.report import format_text
 from mpt.characterize.spec import meaning
 from mpt.engines import EVIDENCE, MMAModel, get_mma_model
 from mpt.formats import get_format
@@ -180,9 +181,9 @@ class Characterization:
         data = json.dumps(self.to_dict(), indent=1).encode()
         atomic_write_bytes(path, lambda fh: fh.write(data))
 
-    def text(self) -> str:
-        from mpt.characterize.report import format_text   # the report's layout lives there
-        return format_text(self)
+    def text(self, max_differences: int | None = None) -> str:
+        """The report ``mpt characterize`` prints (:mod:`mpt.characterize.report`)."""
+        return format_text(self, max_differences=max_differences)
 
 
 def characterize(adapter, pairs=None, *, seed: int = 0, expect=None) -> Characterization:

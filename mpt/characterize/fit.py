@@ -75,10 +75,12 @@ def fit_block(ps: ProbeSet, d: np.ndarray, params: dict, evidence: str) -> Block
     """The block model (L, F from the readings; each output rounding the block kind accepts for
     this output, with the e_zero its ``zero`` probes give) that reproduces the most probes."""
     block, f = params.get("block"), params.get("fraction_bits")
-    if block is None or f is None:
-        missing = "F (C and products aligned alike)" if f is None else \
-            "a fixed block size L chained in increasing k"
-        return BlockFit(reason=f"not a block model: no {missing}")
+    if f is None:
+        return BlockFit(reason="not a block model: C and the products are not truncated at one "
+                               "alignment width F")
+    if block is None:
+        return BlockFit(reason="not a block model: the sum is not a chain of fixed-size blocks "
+                               "in increasing k")
     best = None
     fout = get_format(ps.out_format)
     for rounding in roundings():

@@ -86,7 +86,8 @@ def read_alignment(ps, d) -> tuple[Finding, int | None]:
         if value["products"] is None:
             text += (f" (products seen to {jp} bits only: the input format's range)" if fp
                      else " (C's alignment; the input format cannot form the product probes)")
-    elif value["products"] is not None and value["c"] is None and jc <= value["products"]:
+    elif value["products"] is not None and value["c"] is None and \
+            (jc is None or jc <= value["products"]):
         f = value["products"]
         text = f"F = {f} (the products' alignment; the output format cannot show C's)"
     else:
@@ -107,6 +108,13 @@ def _chain(k, block, i, j):
     return k - min(k, block * (last // block + 1))
 
 
+def _chain_down(k, block, i, j):
+    """The same for blocks chained in decreasing k (C first): everything from the start of the
+    block of the earlier M to the end is lost."""
+    first = j if i == "c" else min(i, j)
+    return block * (first // block)
+
+
 def _pairwise(k, group, i, j):
     """The same for pairwise trees of ``group`` leaves, chained: the smallest aligned subtree."""
     if i != "c" and i // group == j // group:
@@ -122,6 +130,8 @@ def _tree_hypotheses(k):
     yield "exact", None, lambda i, j: _exact(k, i, j)
     for block in range(1, k + 1):
         yield "chain", block, lambda i, j, b=block: _chain(k, b, i, j)
+    for block in range(1, k):
+        yield "chain_down", block, lambda i, j, b=block: _chain_down(k, b, i, j)
     g = 4
     while g <= k:
         yield "pairwise", g, lambda i, j, g=g: _pairwise(k, g, i, j)
@@ -132,6 +142,8 @@ _TREE_TEXT = {
     "exact": "no rounding between the products: the whole sum is exact (one rounding)",
     "chain": "blocks of {b} products, chained in increasing k (each block's result is the next "
              "block's C), C in the first block",
+    "chain_down": "blocks of {b} products, chained in decreasing k (the last block first), C in "
+                  "the first block computed",
     "pairwise": "pairwise trees of {b} products, each tree's sum added to a running accumulator "
                 "in increasing k",
 }

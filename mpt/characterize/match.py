@@ -19,7 +19,7 @@ from mpt.characterize.fit import run_model
 from mpt.characterize.probes import ProbeSet
 from mpt.engines import MMAModel, mma_models
 
-__all__ = ["Candidate", "Comparison", "candidates", "compare", "MAX_COMBINATIONS"]
+__all__ = ["Candidate", "Comparison", "candidates", "choice_sets", "compare", "MAX_COMBINATIONS"]
 
 MAX_COMBINATIONS = 16
 
@@ -44,7 +44,7 @@ class Candidate:
         return self.model.config(in_format, in_format, self.variant)
 
 
-def _choice_sets(model: MMAModel):
+def choice_sets(model: MMAModel):
     """Every combination of the model's assumption choices, or (when there are more than
     MAX_COMBINATIONS) the defaults and each single change."""
     names = [a.name for a in model.assumptions]
@@ -70,7 +70,7 @@ def candidates(in_format: str, out_format: str) -> list[Candidate]:
         for cfg in model.configs:
             if in_format not in cfg.inputs or all(o[0] != out_format for o in cfg.outputs):
                 continue
-            for choices in _choice_sets(model):
+            for choices in choice_sets(model):
                 configured = model.configure(**choices) if choices else model
                 found.append(Candidate(configured, cfg.variant))
     return found

@@ -77,10 +77,10 @@ def _fits(n: int, e: int, name: str) -> bool:
 def exact_in(x: float, fmt) -> bool:
     """Whether the float ``x`` is a value of ``fmt`` (±Inf and NaN where the format has them;
     −0 where it has a negative zero)."""
-    fmt = get_format(fmt)
+    name = fmt if isinstance(fmt, str) else get_format(fmt).name
     if math.isnan(x):
-        return fmt.has_nan
-    return _exact_in(x, fmt.name)
+        return get_format(name).has_nan
+    return _exact_in(x, name)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -105,8 +105,9 @@ def pow2_range(fmt) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=4096)
 def factor(m: int, e: int, fmt_name: str):
-    """(a, b): operands (a, b) of ``fmt`` with a·b = m·2^e exactly, their exponents as close as possible
-    (no needless subnormals or extremes); None if the format cannot form the product."""
+    """(a, b): operands of ``fmt`` with a·b = m·2^e exactly, their exponents as close as
+    possible (no needless subnormals or extremes); None if the format cannot form the
+    product."""
     fmt = get_format(fmt_name)
     n, e = _odd(abs(m), e)
     bits = fmt.precision
@@ -116,12 +117,15 @@ def factor(m: int, e: int, fmt_name: str):
     low, high = pow2_range(fmt)
     best = None
     for n1, n2 in splits:
-        for ea in range(low - n1.bit_length(), high + 1):
-            eb = e - ea
-            if fits(n1, ea, fmt) and fits(n2, eb, fmt):
-                gap = abs((ea + n1.bit_length()) - (eb + n2.bit_length()))
+        # a = n1·2^ea, b = n2·2^(e − ea): start where their top bits meet, then step outwards
+        middle = (e + n2.bit_length() - n1.bit_length()) // 2
+        for step in range(0, 2 * (high - low) + 8):
+            ea = middle + (step + 1) // 2 * (1 if step % 2 else -1)
+            if _fits(n1, ea, fmt.name) and _fits(n2, e - ea, fmt.name):
+                gap = abs((ea + n1.bit_length()) - (e - ea + n2.bit_length()))
                 if best is None or gap < best[0]:
-                    best = (gap, math.ldexp(n1, ea), math.ldexp(n2, eb))
+                    best = (gap, math.ldexp(n1, ea), math.ldexp(n2, e - ea))
+                break
     if best is None:
         return None
     return (math.copysign(best[1], m), best[2])
@@ -173,8 +177,11 @@ class ProbeSet:
 
 
 def probe_name(key: tuple) -> str:
-    """A probe's name from its key: ``("align_c", 12)`` -> ``align_c[12]``."""
+    """A probe's name from its key: ``("align_c", 12)`` -> ``align_c[12]``; a spec vector is
+    called by its own name (``("spec", "V1")`` -> ``V1``)."""
     family, *args = key
+    if family == "spec":
+        return args[0]
     return family if not args else f"{family}[{','.join(map(str, args))}]"
 
 
@@ -210,7 +217,7 @@ class ProbeBuilder:
         return all(self.product(p) is not None for p in products)
 
     def out_holds(self, *values: float) -> bool:
-        return all(exact_in(v, self.fout) for v in values)
+        return all(exact_in(v, self.fout.name) for v in values)
 
     def add(self, family: str, args: tuple, terms: dict, c: float = 0.0, note: str = "",
             length: int | None = None) -> bool:
@@ -218,25 +225,33 @@ class ProbeBuilder:
         their positions, zeros elsewhere, and c; ``length``: its K (default the builder's).
         False (nothing added) if the formats cannot hold it."""
         row_a, row_b = [0.0] * self.k, [0.0] * self.k
+        fin = self.fin.name
         for pos, term in terms.items():
             if isinstance(term, Product):
-                pair = self.product(term)
+                pair = factor(term.m, term.e, fin)
                 if pair is None:
                     return False
             else:
                 pair = term
-                if not (exact_in(pair[0], self.fin) and exact_in(pair[1], self.fin)):
+                if not (exact_in(pair[0], fin) and exact_in(pair[1], fin)):
                     return False
             row_a[pos], row_b[pos] = pair
         if not self.out_holds(c):
             return False
+        return self._append(family, args, row_a, row_b, c, note or _note(terms, c), length)
+
+    def add_values(self, family: str, args: tuple, a: list, b: list, c: float, note: str) -> bool:
+        """A probe of K values a and b (and c) that the caller made exact in the formats."""
+        return self._append(family, args, list(a), list(b), c, note, None)
+
+    def _append(self, family, args, row_a, row_b, c, note, length) -> bool:
         self._a.append(row_a)
         self._b.append(row_b)
         self._c.append(c)
         self._len.append(length or self.k)
         self.families.append(family)
         self.keys.append((family,) + tuple(args))
-        self.notes.append(note or _note(terms, c))
+        self.notes.append(note)
         return True
 
     def add_bits(self, family: str, args: tuple, a_bits, b_bits, c_bits: int, note: str,
@@ -276,14 +291,15 @@ def _store(values: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def _note(terms: dict, c: float) -> str:
-    """``k0: 2^30, k1: -2^30; c = 2^5``-style text for a probe with a few terms."""
+    """``k0: 2^30, k1: -2^30; c = 2^5``-style text (the first terms of a long row)."""
+    positions = sorted(terms)
     parts = []
-    for pos in sorted(terms):
+    for pos in positions[:6] if len(positions) <= 6 else positions[:3]:
         term = terms[pos]
         text = str(term) if isinstance(term, Product) else f"{_show(term[0])}*{_show(term[1])}"
         parts.append(f"k{pos}: {text}")
-    if len(parts) > 6:
-        parts = parts[:3] + [f"... ({len(terms)} terms)"]
+    if len(positions) > 6:
+        parts.append(f"... ({len(positions)} terms)")
     return ", ".join(parts) + f"; c = {_show(c)}"
 
 

@@ -52,7 +52,7 @@ def _pair(ch, p, max_differences) -> list[str]:
         expected = ch.comparison(p, ch.expect)
         if expected is not None:
             shown.append(("expected", expected))
-    if not p.matches and p.nearest:
+    if not p.matches and p.nearest and not any(c is p.nearest[0] for _, c in shown):
         shown.append(("nearest", p.nearest[0]))
     for what, c in shown:
         lines.append(f"  {what + ' ':.<14} {c.candidate.label}: {c.mismatches.size} of "

@@ -46,8 +46,13 @@ def _v(name, shows, a, b, c, out="fp32", inputs=(), meanings=(), bits=False):
                       bits)
 
 
-_MMA_SIM = "MMA-Sim's zero rule (zeros at 2^-126, zero results +0)"
-_MPT = "mpt's zero rule (e_zero, signed zero kept)"
+def _d(name, preset, fmt, a, b, c, mpt_bits, sim_bits, out="fp32"):
+    """A zero-rule vector (bit patterns) and its two candidate answers on ``preset``."""
+    return _v(name, f"zero rule ({preset} {fmt} -> {out})", a, b, c, out, (fmt,), (
+        (mpt_bits, f"mpt's zero rule on {preset} (e_zero, signed zeros kept)"),
+        (sim_bits, f"MMA-Sim's zero rule on {preset} (zeros at 2^-126, zero results +0)")),
+        bits=True)
+
 
 VECTORS = (
     _v("V1", "F, the alignment bits", [1, -1], [2, 2], 2.0**-13 - 2.0**-24,
@@ -110,16 +115,13 @@ VECTORS = (
        meanings=((0x40A00000, "5: toward zero"),)),
     _v("F15-", "RZ", [-1] * 4, [1] * 4, -(1 + 2.0**-22 + 2.0**-23),
        meanings=((0xC0A00000, "-5: toward zero"),)),
-    _v("D1", "zero rule (Hopper bf16)", [0x0000, 0x2180], [0x7180, 0x2180], 0, inputs=("bf16",),
-       bits=True, meanings=((0x03800000, _MPT), (0x00000000, _MMA_SIM))),
-    _v("D2", "zero rule (Hopper bf16)", [0x1980] * 16, [0x1980] * 16, 0, inputs=("bf16",),
-       bits=True, meanings=((0x00000002, _MPT), (0x00000000, _MMA_SIM))),
-    _v("D3", "zero rule (Ampere fp16)", [0x0000] * 16, [0x7800] * 16, 0x00800001,
-       inputs=("fp16",), bits=True, meanings=((0x00800001, _MPT), (0x00800000, _MMA_SIM))),
-    _v("D4", "zero rule (Hopper fp16 -> fp16)", [0x8C00], [0x0400], 0, out="fp16",
-       inputs=("fp16",), bits=True, meanings=((0x8000, _MPT), (0x0000, _MMA_SIM))),
-    _v("D5", "zero rule (Ampere fp16 -> fp16)", [0x0C00, 0x0001], [0x0800, 0x0001], 0,
-       out="fp16", inputs=("fp16",), bits=True, meanings=((0x0000, _MPT), (0x0001, _MMA_SIM))),
+    _d("D1", "Hopper", "bf16", [0x0000, 0x2180], [0x7180, 0x2180], 0, 0x03800000, 0x00000000),
+    _d("D2", "Hopper", "bf16", [0x1980] * 16, [0x1980] * 16, 0, 0x00000002, 0x00000000),
+    _d("D3", "Ampere", "fp16", [0x0000] * 16, [0x7800] * 16, 0x00800001, 0x00800001,
+       0x00800000),
+    _d("D4", "Hopper", "fp16", [0x8C00], [0x0400], 0, 0x8000, 0x0000, out="fp16"),
+    _d("D5", "Ampere", "fp16", [0x0C00, 0x0001], [0x0800, 0x0001], 0, 0x0000, 0x0001,
+       out="fp16"),
 )
 
 
