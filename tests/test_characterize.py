@@ -188,10 +188,10 @@ def test_spec_vectors_give_the_documented_answers(model, fin, fout, vector, want
 def test_zero_rule_vectors_are_read_as_mpts_rule():
     ch = characterize(get_adapter("mpt:hopper"), [("bf16", "fp32"), ("fp16", "fp16")])
     meanings = {n: m for p in ch.pairs for n, _, m in p.spec_results() if n.startswith("D")}
-    assert meanings == {"D1": "mpt's zero rule on Hopper (e_zero, signed zeros kept)",
-                        "D2": "mpt's zero rule on Hopper (e_zero, signed zeros kept)",
-                        "D4": "mpt's zero rule on Hopper (e_zero, signed zeros kept)",
-                        "D5": "mpt's zero rule on Ampere (e_zero, signed zeros kept)"}
+    assert meanings == {"D1": "as mpt's zero rule on Hopper (e_zero, signed zeros kept)",
+                        "D2": "as mpt's zero rule on Hopper (e_zero, signed zeros kept)",
+                        "D4": "as mpt's zero rule on Hopper (e_zero, signed zeros kept)",
+                        "D5": "as mpt's zero rule on Ampere (e_zero, signed zeros kept)"}
     assert ch.pairs[0].findings["zeros"].value["e_zero"] == -133
 
 
@@ -318,7 +318,7 @@ def test_cli_characterizes_and_writes_a_loadable_model(tmp_path, capsys):
     assert "L = 4, F = 24, rz_fp32, e_zero = -132: reproduces every probe" in text
     assert "matches       ampere, ada" in text
     doc = json.loads(out.read_text())
-    assert doc["model"]["configs"][0]["block"] == 4 and doc["recognised"] == ["ada", "ampere"]
+    assert doc["model"]["configs"][0]["block"] == 4 and doc["recognised"] == ["ampere", "ada"]
     assert doc["pairs"][0]["results"]["V1"] == "38ffc000"
     a = mpt.round(np.array([[1.0, 2.0**-12, 3.0, -1.0]]), "tf32")
     b = mpt.round(np.array([[1.0], [1.0], [2.0**-11], [1.0]]), "tf32")

@@ -23,11 +23,11 @@ from mpt._io import atomic_write_bytes
 from mpt.characterize.battery import build_battery
 from mpt.characterize.fit import BlockFit, block_model, fit_block
 from mpt.characterize.infer import Finding, read_all
-from mpt.characterize.match import Comparison, candidates, compare
+from mpt.characterize.match import Candidate, Comparison, candidates, compare
 from mpt.characterize.probes import ProbeSet, bits_of
 from mpt.characterize.report import format_text
 from mpt.characterize.spec import meaning
-from mpt.engines import EVIDENCE, MMAModel, get_mma_model
+from mpt.engines import EVIDENCE, MMAModel, get_mma_model, mma_models
 from mpt.formats import get_format
 
 __all__ = ["characterize", "Characterization", "PairResult", "Difference", "SCHEMA"]
@@ -232,25 +232,21 @@ def _pair(adapter, fin: str, fout: str, seed: int) -> PairResult:
 
 def _conclude(adapter: str, results: list[PairResult], expect) -> Characterization:
     probed = [p for p in results if p.probed]
-    recognised = []
-    if probed:
-        common = None
-        for p in probed:
-            labels = {(c.candidate.model.name, c.candidate.model.choices) for c in p.matches}
-            common = labels if common is None else common & labels
-        recognised = sorted({name + ("{" + ", ".join(f"{k}={v}" for k, v in choices) + "}"
-                                     if choices else "") for name, choices in common},
-                            key=lambda s: s)
+    common = None      # (model, its choices) matching every probed pair with some variant
+    for p in probed:
+        found = {(c.candidate.model.name, c.candidate.model.choices): c.candidate.model
+                 for c in p.matches}
+        common = found if common is None else {k: v for k, v in common.items() if k in found}
+    order = list(mma_models())
+    recognised = sorted(common or {}, key=lambda key: (order.index(key[0]), key[1]))
+    labels = [Candidate(common[key], "default").label for key in recognised]
     model, source = None, ""
     if probed and all(p.fit.verified for p in probed):
         model, source = _fitted_model(adapter, probed), "block model fitted to every pair"
-    elif probed and recognised:
-        name = recognised[0].split("{")[0]
-        first = next(c.candidate.model for p in probed for c in p.matches
-                     if c.candidate.model.name == name)
-        model, source = first, f"registered model {recognised[0]}"
-    verdict = _verdict(results, recognised, model, source)
-    return Characterization(adapter, results, model, source, recognised, verdict, expect)
+    elif recognised:
+        model, source = common[recognised[0]], f"registered model {labels[0]}"
+    verdict = _verdict(results, labels, model, source)
+    return Characterization(adapter, results, model, source, labels, verdict, expect)
 
 
 def _fitted_model(adapter: str, probed: list[PairResult]) -> MMAModel:

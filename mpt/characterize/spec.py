@@ -49,8 +49,8 @@ def _v(name, shows, a, b, c, out="fp32", inputs=(), meanings=(), bits=False):
 def _d(name, preset, fmt, a, b, c, mpt_bits, sim_bits, out="fp32"):
     """A zero-rule vector (bit patterns) and its two candidate answers on ``preset``."""
     return _v(name, f"zero rule ({preset} {fmt} -> {out})", a, b, c, out, (fmt,), (
-        (mpt_bits, f"mpt's zero rule on {preset} (e_zero, signed zeros kept)"),
-        (sim_bits, f"MMA-Sim's zero rule on {preset} (zeros at 2^-126, zero results +0)")),
+        (mpt_bits, f"as mpt's zero rule on {preset} (e_zero, signed zeros kept)"),
+        (sim_bits, f"as MMA-Sim's zero rule on {preset} (zeros at 2^-126, zero results +0)")),
         bits=True)
 
 
