@@ -20,8 +20,11 @@ Oracles: the source model itself (through ``mpt.mma``), the published test vecto
 answers of docs/tensor_cores.md and docs/accelerators.md.
 """
 import json
+import sys
 from fractions import Fraction
+from types import SimpleNamespace
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -244,6 +247,94 @@ def test_torch_adapter_refuses_clearly_without_a_gpu():
         get_adapter("cuda")
     with pytest.raises(ValueError, match="unknown MMA model"):
         get_adapter("mpt:no-such-gpu")
+
+
+class _FakeTensor:
+    """Just enough of a torch tensor for the torch adapter, over a numpy array."""
+
+    def __init__(self, array):
+        self.array = np.asarray(array)
+
+    @property
+    def shape(self):
+        return self.array.shape
+
+    def to(self, device):
+        return self
+
+    def contiguous(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return self.array
+
+    def view(self, dtype):
+        return _FakeTensor(self.array.view(dtype))
+
+    def t(self):
+        return _FakeTensor(self.array.T)
+
+    def __getitem__(self, index):
+        return _FakeTensor(self.array[index])
+
+
+def _fake_torch(model):
+    """A stand-in for PyTorch on a GPU whose matrix unit is ``model``: bmm and _scaled_mm
+    compute D[0, 0] of each tile with mpt.mma (the only element the adapter reads)."""
+    flags = SimpleNamespace(allow_tf32=False, allow_fp16_reduced_precision_reduction=True,
+                            allow_bf16_reduced_precision_reduction=True)
+
+    def fmt(x):
+        if x.array.dtype == np.float32:
+            assert flags.allow_tf32, "an fp32 GEMM must be routed to TF32"
+            return "tf32"
+        return get_format(x.array.dtype).name
+
+    def bmm(a, b, out_dtype=None):
+        assert fmt(a) == "tf32" or out_dtype == np.float32
+        assert not flags.allow_fp16_reduced_precision_reduction
+        return _FakeTensor(mpt.mma(a.array[:, :1, :], b.array[:, :, :1], model=model,
+                                   in_format=fmt(a)))
+
+    def scaled_mm(a, b, scale_a, scale_b, out_dtype, use_fast_accum):
+        assert scale_a == scale_b == 1 and out_dtype == np.float32 and use_fast_accum
+        return _FakeTensor(mpt.mma(a.array[:1, :], b.array[:, :1], model=model,
+                                   in_format=fmt(a)))
+
+    props = SimpleNamespace(name="fake GPU", major=9, minor=0)
+    cuda = SimpleNamespace(is_available=lambda: True, get_device_properties=lambda d: props,
+                           get_device_capability=lambda d: (9, 0), synchronize=lambda d: None)
+    return SimpleNamespace(
+        cuda=cuda, version=SimpleNamespace(hip=None), device=lambda d: d,
+        backends=SimpleNamespace(cuda=SimpleNamespace(matmul=flags)),
+        from_numpy=_FakeTensor, bmm=bmm, _scaled_mm=scaled_mm,
+        stack=lambda xs: _FakeTensor(np.stack([x.array for x in xs])),
+        ones=lambda shape, dtype, device: 1.0,
+        float16=np.dtype(np.float16), bfloat16=np.dtype(ml_dtypes.bfloat16),
+        float32=np.dtype(np.float32), float8_e4m3fn=np.dtype(ml_dtypes.float8_e4m3fn),
+        float8_e5m2=np.dtype(ml_dtypes.float8_e5m2)), flags
+
+
+def test_torch_adapter_recovers_the_matrix_unit_behind_a_fake_torch(monkeypatch):
+    """The torch adapter's plumbing — tiles, the 64-product prefix that carries c, the device
+    check of each prefix, the flags — on a stand-in torch whose 'GPU' is mpt's Hopper model.
+    (It is not a test of PyTorch, which has never run this adapter.)"""
+    fake, flags = _fake_torch("hopper")
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    adapter = get_adapter("torch:cuda")
+    assert adapter.pairs() == (("fp16", "fp32"), ("bf16", "fp32"), ("tf32", "fp32"),
+                               ("fp8_e4m3fn", "fp32"), ("fp8_e5m2", "fp32"))
+    ch = characterize(adapter)
+    assert ch.matches("hopper") and ch.source.startswith("block model")
+    bf16 = ch.pairs[1]
+    assert bf16.fit.params == {"block": 16, "fraction_bits": 25, "rounding": "rz_fp32",
+                               "e_zero": -133, "e_zero_seen": "measured"}
+    assert "sign[cancel_neg_c]" in bf16.not_run          # c = -0 cannot come from a prefix
+    assert {c.evidence for c in ch.model.configs} == {"hardware-verified"}
+    assert (flags.allow_tf32, flags.allow_fp16_reduced_precision_reduction) == (False, True)
 
 
 class _Refuses(MptAdapter):
