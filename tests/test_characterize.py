@@ -89,7 +89,8 @@ def _fresh_inputs(fin: str, fout: str, seed: int) -> ProbeSet:
 
 def _same_bits(model_a, variant_a, model_b, variant_b, fin, fout, seed=7):
     fresh = _fresh_inputs(fin, fout, seed)
-    return np.array_equal(run_model(model_a, fresh, variant_a), run_model(model_b, fresh, variant_b))
+    return np.array_equal(run_model(model_a, fresh, variant_a),
+                          run_model(model_b, fresh, variant_b))
 
 
 @pytest.mark.parametrize("name, variant, choices", list(_registry_cases()))
