@@ -193,8 +193,8 @@ def _sign(bld: ProbeBuilder) -> None:
     k = bld.k
     qe = pow2_range(bld.fout)[0]
     if bld.fin.negative_zero:
-        bld.add("sign", ("neg_zero",), {p: (-0.0, 1.0) for p in range(4)}, -0.0,
-                "(-0)*1 at k0..k3; c = -0")
+        bld.add("sign", ("neg_zero",), {p: (-0.0, 1.0) for p in range(k)}, -0.0,
+                "(-0)*1 at every k; c = -0")
     bld.add("sign", ("cancel",), {0: pow2(0), 1: pow2(0, -1)}, 0.0)
     bld.add("sign", ("cancel_neg_c",), {0: pow2(0), 1: pow2(0, -1)}, -0.0)
     for t in (1, 2):

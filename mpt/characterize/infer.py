@@ -324,22 +324,25 @@ def read_zero(ps, d, fraction_bits, rounding) -> Finding:
 # ---- signs, subnormals, specials, products ---------------------------------------------------
 
 def _sign_text(bits, ps):
-    v = values(ps, np.array([bits], d_dtype(ps)))[0]
+    v = values(ps, np.array([bits], _bits_dtype(ps)))[0]
     if v == 0:
         return "-0" if math.copysign(1.0, v) < 0 else "+0"
     return f"{v!r}"
 
 
-def d_dtype(ps):
+def _bits_dtype(ps):
     return np.dtype(f"u{np.dtype(get_format(ps.out_format).dtype).itemsize}")
 
 
 def read_sign(ps, d) -> Finding:
+    """The sign of zero results: an exact zero sum of −0 terms and of 1 − 1 (+0 in a block model,
+    −0 from IEEE additions of −0), and a negative sum below half the output's quantum (−0 when
+    the sign is kept, +0 under MMA-Sim's rule)."""
     rows = _rows(ps, "sign")
     seen = {"_".join(map(str, args)): _sign_text(d[i], ps) for args, i in rows.items()}
     parts = []
     if "neg_zero" in seen:
-        parts.append(f"(-0)*1 + ... + (-0) gives {seen['neg_zero']}")
+        parts.append(f"(-0)*1 + ... + (-0)*1 + (-0) gives {seen['neg_zero']}")
     if "cancel" in seen:
         parts.append(f"1 - 1 gives {seen['cancel']}")
     tiny = [seen[k] for k in ("tiny_1", "tiny_2") if k in seen]
@@ -349,12 +352,13 @@ def read_sign(ps, d) -> Finding:
 
 
 def read_subnormal(ps, d) -> Finding:
+    """Subnormal inputs, c and results: kept (the exact value) or flushed (0)."""
     rows = _rows(ps, "subnormal")
     got, status = values(ps, d), {}
     for (name,), i in rows.items():
         want = _exact_result(ps, i)
         status[name] = "kept" if _same(got[i], want) else "flushed" if got[i] == 0 else \
-            f"{got[i]!r} (exact {float(want)!r})"
+            f"{float(got[i])!r} (exact {float(want)!r})"
     words = {"inputs": [status[n] for n in ("a_min", "b_min", "a_max") if n in status],
              "c": [status[n] for n in ("c", "c3") if n in status],
              "results": [status["result"]] if "result" in status else []}
@@ -374,8 +378,9 @@ def _same(got: float, want: Fraction) -> bool:
 
 
 def read_special(ps, d) -> Finding:
+    """The bits of every special-value probe, and which NaN patterns come out."""
     rows = _rows(ps, "special")
-    width = 2 * np.dtype(d_dtype(ps)).itemsize
+    width = 2 * np.dtype(_bits_dtype(ps)).itemsize
     seen = {args[0]: f"{int(d[i]):0{width}x}" for args, i in rows.items()}
     got = values(ps, d)
     nans = sorted({seen[a[0]] for a, i in rows.items() if math.isnan(got[i])})
@@ -384,11 +389,14 @@ def read_special(ps, d) -> Finding:
 
 
 def read_product(ps, d) -> Finding:
+    """Whether products beyond the output's range, below its quantum or wider than its
+    precision enter the sum exactly (each row's exact result is a value of the output)."""
     rows = _rows(ps, "product")
     got, out = values(ps, d), {}
     for (name,), i in rows.items():
-        want = _exact_result(ps, i) if name != "overflow" else Fraction(0)
-        out[name] = "exact" if _same(got[i], want) else f"{got[i]!r} (exact {float(want)!r})"
+        want = _exact_result(ps, i)
+        out[name] = "exact" if _same(got[i], want) else \
+            f"rounded ({float(got[i])!r}, exact {float(want)!r})"
     text = ", ".join(f"{k}: {v}" for k, v in out.items())
     return Finding("products", out, text or "not observable")
 

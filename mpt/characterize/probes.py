@@ -209,13 +209,6 @@ class ProbeBuilder:
         self.families, self.keys, self.notes = [], [], []
         self.params: dict = {}
 
-    def product(self, p: Product):
-        """(a, b) input values with a·b = p exactly, or None."""
-        return factor(p.m, p.e, self.fin.name)
-
-    def can_form(self, *products: Product) -> bool:
-        return all(self.product(p) is not None for p in products)
-
     def out_holds(self, *values: float) -> bool:
         return all(exact_in(v, self.fout.name) for v in values)
 
