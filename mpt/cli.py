@@ -330,7 +330,11 @@ def _cmd_characterize(args) -> int:
             if not sep:
                 raise ValueError(f"--pair must be INPUT:OUTPUT (e.g. fp16:fp32); got {item!r}")
             pairs.append((get_format(fin).name, get_format(fout).name))
-    adapter = get_adapter(args.adapter, variant=args.variant, assume=assume, fault=fault)
+    try:
+        adapter = get_adapter(args.adapter, variant=args.variant, assume=assume, fault=fault)
+    except ImportError as exc:          # torch:... without PyTorch
+        print(f"mpt characterize: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     result = characterize(adapter, pairs, expect=args.expect)
     print(result.text(max_differences=args.max_differences))
     if args.out:

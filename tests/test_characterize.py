@@ -376,6 +376,28 @@ def test_block_order_is_read_from_the_fprev_probes():
     assert ch.model is None and "no model reproduces every probe" in ch.verdict
 
 
+def _assumed_model(n_assumptions=1):
+    """Ampere's fp16 configuration with assumed rules that change nothing (the block kind reads
+    no choices): every combination must match, each under its own label."""
+    return MMAModel("assumed", "block", "test model", mpt.get_mma_model("ampere").configs[:1],
+                    assumptions=tuple(mpt.Assumption(f"rule{i}", ("x", "y", "z"), "no effect")
+                                      for i in range(n_assumptions)))
+
+
+def test_assumed_rules_are_candidates_under_their_choices(monkeypatch):
+    from mpt.engines import model as registry
+    model = _assumed_model()
+    monkeypatch.setitem(registry._MODELS, "assumed", model)
+    monkeypatch.setitem(registry._BY_NAME, "assumed", model)
+    ch = characterize(MptAdapter(model.configure(rule0="y")), [("fp16", "fp32")])
+    labels = [c.candidate.label for c in ch.pairs[0].matches]
+    assert {"assumed{rule0=x}", "assumed{rule0=y}", "assumed{rule0=z}"} <= set(labels)
+    assert ch.recognised[-3:] == ["assumed{rule0=x}", "assumed{rule0=y}", "assumed{rule0=z}"]
+    assert [dict(c) for c in choice_sets(_assumed_model(3))] == \
+        [{}, {"rule0": "y"}, {"rule0": "z"}, {"rule1": "y"}, {"rule1": "z"}, {"rule2": "y"},
+         {"rule2": "z"}]          # 27 combinations > MAX_COMBINATIONS: defaults, then each alone
+
+
 # ---- the JSON model ------------------------------------------------------------------------------
 
 def test_model_descriptions_round_trip():
@@ -430,5 +452,6 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["characterize", "--adapter", "mpt:hopper", "--pair", "fp16"]) == 2
     assert main(["characterize", "--adapter", "mpt:hopper", "--pair", "fp64:fp32"]) == 2
     assert main(["characterize", "--adapter", "mpt:ieee_fma", "--fault", "F-1"]) == 2
+    assert main(["characterize", "--adapter", "torch:cuda"]) == 2     # no PyTorch / no GPU here
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("mpt characterize: error:") for line in err)
+    assert len(err) == 4 and all(line.startswith("mpt characterize: error:") for line in err)

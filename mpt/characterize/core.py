@@ -203,21 +203,24 @@ def characterize(adapter, pairs=None, *, seed: int = 0, expect=None) -> Characte
 
 
 def _pair(adapter, fin: str, fout: str, seed: int) -> PairResult:
+    """Probe one format pair; an adapter that cannot (a ValueError, TypeError,
+    NotImplementedError or RuntimeError — a device error — from ``accepts`` or ``run``) leaves
+    the pair "not probed" with its message."""
     result = PairResult(fin, fout)
     ps = build_battery(fin, fout, k_multiple=adapter.instruction_k(fin, fout), seed=seed)
-    accepts = getattr(adapter, "accepts", None)
-    if accepts is not None:
-        ok = np.zeros(len(ps), bool)
-        for k, rows in ps.groups():
-            ok[rows] = accepts(ps.a[rows, :k], ps.b[rows, :k], ps.c[rows], fin, fout)
-        result.not_run = [n for n, good in zip(ps.names, ok) if not good]
-        ps = ps.take(np.flatnonzero(ok))
     try:
+        accepts = getattr(adapter, "accepts", None)
+        if accepts is not None:
+            ok = np.zeros(len(ps), bool)
+            for k, rows in ps.groups():
+                ok[rows] = accepts(ps.a[rows, :k], ps.b[rows, :k], ps.c[rows], fin, fout)
+            result.not_run = [n for n, good in zip(ps.names, ok) if not good]
+            ps = ps.take(np.flatnonzero(ok))
         bits = np.zeros(len(ps), np.dtype(f"u{get_format(fout).dtype.itemsize}"))
         for k, rows in ps.groups():
             d = np.asarray(adapter.run(ps.a[rows, :k], ps.b[rows, :k], ps.c[rows], fin, fout))
             bits[rows] = bits_of(d.astype(get_format(fout).dtype, copy=False), fout)
-    except (ValueError, TypeError, NotImplementedError) as exc:
+    except (ValueError, TypeError, NotImplementedError, RuntimeError) as exc:
         result.error = f"not probed: {exc}"
         return result
     result.probes, result.bits = ps, bits
