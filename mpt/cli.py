@@ -16,11 +16,16 @@
     mpt plan [--recipe R] [--vocab V] [--d-model D] [--layers L] [--heads H] [--seq S]
              [--batch B] [--checkpoint K] [--backend flash|naive]
                                            training memory per role for a GPT shape and recipe
+    mpt characterize --adapter mpt:<model>|torch:cuda|torch:rocm [--pair IN:OUT ...]
+                     [--variant V] [--assume NAME=CHOICE ...] [--fault F-1] [--expect MODEL]
+                     [--out FILE] [--max-differences N]
+                                           what does this matrix unit do? (docs/characterize.md)
 
 ``python -m mpt ...`` runs the same command. Numbers may be negative (``mpt round -inf -2.5
 -0x1p-3``): an argument that reads as a number is a value, never an option.
 
-Exit status: 0 success; 1 a check ran and failed (``golden verify`` found mismatches); 2 bad
+Exit status: 0 success; 1 a check ran and failed (``golden verify`` found mismatches,
+``characterize --expect`` a model that does not match); 2 bad
 input — a usage error (argparse) or a value, file or folder the command cannot use. Errors are
 one line on stderr (``mpt COMMAND: error: ...``), never a Python traceback; 130 on Ctrl-C.
 """
@@ -30,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from fractions import Fraction
 
@@ -301,6 +307,67 @@ def _add_plan(sub) -> None:
     p.set_defaults(func=_cmd_plan)
 
 
+def _cmd_characterize(args) -> int:
+    from mpt.characterize import characterize, get_adapter   # L5, imported when needed
+
+    assume = {}
+    for item in args.assume or ():
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--assume must be NAME=CHOICE; got {item!r}")
+        assume[name] = value
+    fault = None
+    if args.fault is not None:
+        if not re.fullmatch(r"F[+-]\d+", args.fault):
+            raise ValueError(f"--fault must be F-1, F+2, ... (a change of the alignment width F); "
+                             f"got {args.fault!r}")
+        fault = int(args.fault[1:])
+    pairs = None
+    if args.pair:
+        pairs = []
+        for item in args.pair:
+            fin, sep, fout = item.partition(":")
+            if not sep:
+                raise ValueError(f"--pair must be INPUT:OUTPUT (e.g. fp16:fp32); got {item!r}")
+            pairs.append((get_format(fin).name, get_format(fout).name))
+    try:
+        adapter = get_adapter(args.adapter, variant=args.variant, assume=assume, fault=fault)
+    except ImportError as exc:          # torch:... without PyTorch
+        print(f"mpt characterize: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = characterize(adapter, pairs, expect=args.expect)
+    print(result.text(max_differences=args.max_differences))
+    if args.out:
+        result.write(args.out)
+        print(f"\nwrote {args.out}: mpt.engines.load_model({args.out!r}) gives "
+              + ("the model above" if result.model is not None else "an error (no model)"))
+    if args.expect is not None and not result.matches(args.expect):
+        return EXIT_FAILED
+    return 0
+
+
+def _add_characterize(sub) -> None:
+    p = sub.add_parser("characterize", help="probe a matrix unit (a GPU through torch, or an mpt "
+                                            "model) and name the MMA model that matches")
+    p.add_argument("--adapter", required=True, metavar="SPEC",
+                   help="mpt:<model> (the CPU reference of a registered model), torch:cuda[:N] "
+                        "or torch:rocm[:N] (PyTorch on the GPU; never run by mpt's tests)")
+    p.add_argument("--pair", nargs="+", metavar="IN:OUT",
+                   help="format pairs to probe (default: every pair the adapter computes)")
+    p.add_argument("--variant", help="instruction variant of an mpt model")
+    p.add_argument("--assume", nargs="+", metavar="NAME=CHOICE",
+                   help="choices of an mpt model's assumed rules")
+    p.add_argument("--fault", metavar="F-1", help="inject a fault into an mpt model: its "
+                                                  "alignment width F changed by this much")
+    p.add_argument("--expect", metavar="MODEL", help="also list every difference from this "
+                                                     "registered model; exit 1 unless it matches")
+    p.add_argument("--out", metavar="FILE", help="write the result as JSON (mpt.engines."
+                                                 "load_model reads the model back)")
+    p.add_argument("--max-differences", type=int, metavar="N",
+                   help="print at most N differing probes per model (default: all)")
+    p.set_defaults(func=_cmd_characterize)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mpt", description=__doc__.split("\n")[0],
                      epilog="Exit status: 0 success, 1 a check failed (golden verify), 2 bad "
@@ -333,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_golden(sub)
     _add_study(sub)
     _add_plan(sub)
+    _add_characterize(sub)
     return parser
 
 

@@ -21,6 +21,7 @@ LAYERS = {
     "functional": 3,
     "nn": 4, "optim": 4, "amp": 4, "quant": 4,
     "train": 5, "study": 5, "golden": 5, "planning": 5, "testing": 5, "cli": 5, "__main__": 5,
+    "characterize": 5,
 }
 REFERENCE_MAY_IMPORT = ("mpt.formats", "mpt.reference")
 

@@ -10,9 +10,9 @@ IEEE and exact models (:mod:`mpt.engines.ieee`).
 from mpt.engines import ieee, nvidia  # noqa: F401  (register their models, in this order)
 from mpt.engines.gemm import Scale, gemm, mma
 from mpt.engines.model import (EVIDENCE, Assumption, MMAConfig, MMAModel, get_mma_model,
-                               mma_models, models_table_rows, register_model)
+                               load_model, mma_models, models_table_rows, register_model)
 from mpt.engines.operands import Operands, register_kind
 
 __all__ = ["mma", "gemm", "Scale", "MMAModel", "MMAConfig", "Assumption", "EVIDENCE",
-           "mma_models", "get_mma_model", "register_model", "Operands", "register_kind",
+           "mma_models", "get_mma_model", "register_model", "load_model", "Operands", "register_kind",
            "models_table_rows"]

@@ -19,14 +19,17 @@ Evidence labels (one per configuration; the model's label is the weakest of them
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from mpt._checks import check_int
+from mpt._io import field as _field
+from mpt._io import load_json
 from mpt._registry import Registry
 from mpt.engines.operands import operands_class
 from mpt.formats import get_format
 
 __all__ = ["EVIDENCE", "Assumption", "MMAConfig", "MMAModel", "register_model", "mma_models",
-           "get_mma_model", "models_table_rows"]
+           "get_mma_model", "models_table_rows", "load_model"]
 
 #: Evidence labels, strongest first.
 EVIDENCE = ("hardware-verified", "reference model", "documented", "assumption")
@@ -107,6 +110,22 @@ class MMAConfig:
                 "fraction_bits": self.fraction_bits, "evidence": self.evidence,
                 "outputs": [{"format": o, "rounding": r, "e_zero": e} for o, r, e in self.outputs],
                 **({"params": dict(self.params)} if self.params else {})}
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "config") -> "MMAConfig":
+        """The configuration a :meth:`describe` dict describes (JSON lists read back as
+        tuples); ValueError naming a missing or mistyped field."""
+        outputs = tuple((_get(o, "format", "str", f"{where}.outputs[{i}]"),
+                         _get(o, "rounding", "str", f"{where}.outputs[{i}]"),
+                         _get(o, "e_zero", "int|null", f"{where}.outputs[{i}]"))
+                        for i, o in enumerate(_get(d, "outputs", "list", where)))
+        params = d.get("params", {})
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}.params must be an object; got {params!r}")
+        return cls(tuple(_get(d, "inputs", "list", where)), _get(d, "instruction", "str", where),
+                   _get(d, "block", "int|null", where), _get(d, "fraction_bits", "int|null", where),
+                   outputs, _get(d, "evidence", "str", where), _get(d, "variant", "str", where),
+                   tuple((k, _tuples(v)) for k, v in params.items()))
 
 
 @dataclass(frozen=True)
@@ -197,6 +216,53 @@ class MMAModel:
                                  "in_effect": self.choice(a.name), "description": a.description}
                                 for a in self.assumptions],
                 "configs": [c.describe() for c in self.configs]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MMAModel":
+        """The model a :meth:`describe` dict describes — ``MMAModel.from_dict(m.describe()) ==
+        m`` for a model whose configured choices differ from the defaults. Its kind must be
+        registered (ValueError listing the kinds); a missing or mistyped field is a ValueError
+        naming it."""
+        if not isinstance(d, dict):
+            raise ValueError(f"an MMA model description must be a JSON object; got {d!r}")
+        assumptions = tuple(Assumption(_get(a, "name", "str", f"assumptions[{i}]"),
+                                       tuple(_get(a, "choices", "list", f"assumptions[{i}]")),
+                                       _get(a, "description", "str", f"assumptions[{i}]"))
+                            for i, a in enumerate(d.get("assumptions", [])))
+        in_effect = {a["name"]: a.get("in_effect", c.default)
+                     for a, c in zip(d.get("assumptions", []), assumptions)}
+        model = cls(_get(d, "name", "str", ""), _get(d, "kind", "str", ""),
+                    _get(d, "description", "str", ""),
+                    tuple(MMAConfig.from_dict(c, f"configs[{i}]")
+                          for i, c in enumerate(_get(d, "configs", "list", ""))),
+                    tuple(d.get("aliases", [])), assumptions)
+        chosen = {name: value for name, value in in_effect.items()
+                  if value != model.choice(name)}
+        return model.configure(**chosen) if chosen else model
+
+
+def _get(d, key, kinds, where):
+    return _field(d, key, kinds, where, ValueError)
+
+
+def _tuples(value):
+    """JSON lists read back as the tuples a frozen configuration holds."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def load_model(path) -> MMAModel:
+    """An MMA model from a JSON file, for ``mpt.mma(..., model=load_model(path))``: a model
+    description (:meth:`MMAModel.describe`, an entry of ``mpt models --json``) or the result of
+    ``mpt characterize`` (its ``"model"`` entry). ValueError if the file holds neither, or a
+    characterization that found no model."""
+    path = Path(path)
+    doc = load_json(path.read_bytes(), str(path), ValueError)
+    if isinstance(doc, dict) and "configs" not in doc and "model" in doc:
+        if doc["model"] is None:
+            raise ValueError(f"{path} is a characterization that found no MMA model: "
+                             f"{doc.get('verdict', 'no model reproduces every probe')}")
+        doc = doc["model"]
+    return MMAModel.from_dict(doc)
 
 
 _MODELS = Registry(MMAModel, "MMA model", "models")

@@ -24,7 +24,7 @@ import numpy as np
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 
-__all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "values32",
+__all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "roundings", "values32",
            "decoded", "batched", "tiles", "transposed", "output_params", "emin_pow2"]
 
 _KINDS: dict[str, type] = {}
@@ -203,6 +203,11 @@ class PackedOperands(Operands):
 
 def _each(x, fn):
     return tuple(fn(y) for y in x) if isinstance(x, tuple) else fn(x)
+
+
+def roundings() -> tuple[str, ...]:
+    """The names of the output roundings :func:`output_params` knows."""
+    return tuple(_ROUNDINGS)
 
 
 def output_params(rounding: str) -> tuple:
