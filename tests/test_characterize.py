@@ -387,8 +387,8 @@ def _assumed_model(n_assumptions=1):
 def test_assumed_rules_are_candidates_under_their_choices(monkeypatch):
     from mpt.engines import model as registry
     model = _assumed_model()
-    monkeypatch.setitem(registry._MODELS, "assumed", model)
-    monkeypatch.setitem(registry._BY_NAME, "assumed", model)
+    monkeypatch.setitem(registry._MODELS._items, "assumed", model)
+    monkeypatch.setitem(registry._MODELS._keys, "assumed", model)
     ch = characterize(MptAdapter(model.configure(rule0="y")), [("fp16", "fp32")])
     labels = [c.candidate.label for c in ch.pairs[0].matches]
     assert {"assumed{rule0=x}", "assumed{rule0=y}", "assumed{rule0=z}"} <= set(labels)

@@ -29,7 +29,9 @@ __all__ = ["PRESETS", "BlockOperands", "FP8", "F8F6F4"]
 FP8 = ("fp8_e4m3fn", "fp8_e5m2")
 F8F6F4 = FP8 + ("fp6_e3m2fn", "fp6_e2m3fn", "fp4_e2m1fn")
 
-_MAGNITUDE_LIMIT = 60   # the fast path's product range [2^-60, 2^60] (mpt.kernels.mma.block_chain)
+_MAGNITUDE_LIMIT = 60
+#: output format -> the roundings a block of that output may end with
+_BLOCK_ROUNDINGS = {"fp32": ("rz_fp32", "rz_e8m13"), "fp16": ("rne_fp16",)}   # the fast path's product range [2^-60, 2^60] (mpt.kernels.mma.block_chain)
 
 
 @register_kind("block")
@@ -47,9 +49,9 @@ class BlockOperands(PackedOperands):
         check_int("block", cfg.block, min=1, max=32)
         check_int("fraction_bits", cfg.fraction_bits, min=0, max=25)
         for name, rounding, e_zero in cfg.outputs:
-            if name not in ("fp32", "fp16") or rounding not in ("rz_fp32", "rz_e8m13", "rne_fp16"):
-                raise ValueError(f"each output of a block model must be ('fp32' or 'fp16', "
-                                 f"'rz_fp32' | 'rz_e8m13' | 'rne_fp16', e_zero); got "
+            if rounding not in _BLOCK_ROUNDINGS.get(name, ()):
+                raise ValueError(f"each output of a block model must be ('fp32', 'rz_fp32' | "
+                                 f"'rz_e8m13', e_zero) or ('fp16', 'rne_fp16', e_zero); got "
                                  f"{(name, rounding, e_zero)!r}")
             check_int(f"e_zero of output {name}", e_zero, min=-300,
                       max=get_format(name).emin - 1)
