@@ -38,6 +38,7 @@ NaN (``DEFAULT_NAN32``/``DEFAULT_NAN64``, or ``BIG_NAN32`` for the 2^128 rule).
 """
 from __future__ import annotations
 
+import llvmlite.ir as ir
 import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import overload
@@ -58,6 +59,11 @@ DEFAULT_NAN64 = np.array([0xFFF8000000000000], np.uint64).view(np.float64)
 BIG_NAN32 = np.array([0x7FC00000], np.uint32).view(np.float32)
 
 _MX_BLOCK = 32
+_WIDE = 8                     # float64 lanes of one AVX-512 register (the packed finish)
+# 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
+# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
+_SCALE_BITS = np.uint32(278 << 23)
+_ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
 _TINY = 2.0**-126             # FP32's smallest normal: CDNA2's flush, and a zero's exponent
 
 
@@ -334,16 +340,56 @@ def nominals(x, emin_pow2, out):
         out[i] = _nominal(np.float64(x[i]), emin_pow2)
 
 
-@njit(inline="always")
-def _packed_finish(tile, anchor, total):
-    """The finish of one group for a tile (W,) of float64 accumulators: E from the anchor
-    (float32; below 2^-126 only for groups of zero products, where S = 0 and E cannot set M),
-    S from the int32 totals; an Inf or NaN C stays (the products are finite here)."""
-    for w in range(tile.shape[0]):
-        c = tile[w]
-        e = max(np.float64(anchor[w]), 2.0**-150)
-        d = np.float64(_finish(c, np.float64(total[w]), e, False))
-        tile[w] = d if abs(c) < np.inf else c
+_F64 = ir.DoubleType()
+_VF64 = ir.VectorType(_F64, _WIDE)
+_VI64 = ir.VectorType(ir.IntType(64), _WIDE)
+
+
+def _splat(value, vtype):
+    return ir.Constant(vtype, [value] * vtype.count)
+
+
+def _emit_finish(builder, tile_addr, anchor_addr, total_addr, unused, chunks):
+    """:func:`_finish` (without the far-C drop) over ``chunks`` x 8 lanes, in <8 x double>
+    registers: tile (float64 accumulators, in: C, out: D), anchor (float32 E; below 2^-126,
+    even 0, only in groups of zero products, where S = 0 and E cannot set M), total (int32 S).
+    An Inf or NaN C stays (the products are finite on this path)."""
+    vfloor = _gemm._vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
+    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
+    vabs = _gemm._vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
+    vf32 = ir.VectorType(ir.FloatType(), _WIDE)
+    vi32 = ir.VectorType(ir.IntType(32), _WIDE)
+
+    def at(addr, elem, vtype, k):
+        base = builder.inttoptr(addr, elem.as_pointer())
+        return builder.bitcast(builder.gep(base, [builder.mul(k, _gemm._const(_WIDE))]),
+                               vtype.as_pointer())
+
+    def body(k, state):
+        c_ptr = at(tile_addr, _F64, _VF64, k)
+        c = builder.load(c_ptr, align=8)
+        e = builder.fpext(builder.load(at(anchor_addr, ir.FloatType(), vf32, k), align=4), _VF64)
+        s = builder.sitofp(builder.load(at(total_addr, ir.IntType(32), vi32, k), align=4), _VF64)
+        floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
+                                               _splat(0x7FF0000000000000, _VI64)), _VF64)
+        m = builder.call(vmax, [e, builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])])
+        r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
+                                        builder.bitcast(m, _VI64)), _VF64)
+        s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
+                                                                 _splat(2.0**7, _VF64)))])
+        t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
+        v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
+                         builder.fmul(m, _splat(2.0**-31, _VF64)))
+        d = builder.fpext(builder.fptrunc(v, vf32), _VF64)           # the one RNE rounding
+        d = builder.select(builder.fcmp_ordered("==", v, _splat(0.0, _VF64)),
+                           _splat(0.0, _VF64), d)                     # an exact zero is +0
+        finite = builder.fcmp_ordered("<", builder.call(vabs, [c]), _splat(np.inf, _VF64))
+        builder.store(builder.select(finite, d, c), c_ptr, align=8)
+        return state
+    _gemm._k_loop(builder, chunks, [], body)
+
+
+_finish_tile = _gemm._tile_intrinsic(_emit_finish)
 
 
 @njit(cache=True, parallel=True)
@@ -355,8 +401,9 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
     BLOCK_ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group: the anchor
     pass (E = max of nominal products, from 0: C is not in it), the sum pass (int32 Σ trunc(a·b·
     2^24/E): float32 products of <= 11-bit values are exact, |S| < 8·2^26), then the finish.
-    The scale 2^24/E is capped at 2^88 (finite in float32): only groups of zero products, whose
-    terms are 0 anyway, reach the cap (a non-zero product has E >= 2^-62 here).
+    E is floored at 2^-64 for the scale 2^24/E (so it stays finite, at most 2^88): only groups of
+    zero products, whose terms are 0 anyway, reach the floor (a non-zero product has E >= 2^-62
+    here).
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
@@ -368,6 +415,7 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
         anchor = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.float32)
         scale = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.float32)
         total = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.int32)
+        anchor_bits, scale_bits = anchor.view(np.uint32), scale.view(np.uint32)
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, group):
             for it in range(g * _gemm._ROW_TILES, min(mt, (g + 1) * _gemm._ROW_TILES)):
@@ -375,13 +423,13 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
                 anchor[:] = 0.0
                 _gemm._anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,
                                    pb_p[kb:].ctypes.data, group)
-                for w in range(anchor.size):
-                    e = max(np.float64(anchor[w]), 2.0**-150)
-                    scale[w] = min(_recip_pow2(e) * 2.0**24, 2.0**88)
+                for w in range(anchor.size):   # 2^24/E on float32 patterns, E >= 2^-64
+                    scale_bits[w] = _SCALE_BITS - max(anchor_bits[w], _ANCHOR_FLOOR_BITS)
                     total[w] = 0
                 _gemm._sum_tile(total.ctypes.data, scale.ctypes.data, va_z[it, kb:].ctypes.data,
                                 vb_p[kb:].ctypes.data, group)
-                _packed_finish(tile, anchor, total)
+                _finish_tile(tile.ctypes.data, anchor.ctypes.data, total.ctypes.data, 0,
+                             tile.size // _WIDE)
 
 
 # ---- one product, decoded once ------------------------------------------------------------------
