@@ -443,6 +443,12 @@ def test_models_aliases_and_evidence():
         get_mfma_model("mi400")
     with pytest.raises(ValueError, match="does not take inputs \\(fp16, bf16\\)"):
         default_variant("cdna3", "fp16", "bf16")
+    with pytest.raises(ValueError, match="accumulation must be one of \\['cdna3'\\]"):
+        default_variant("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", accumulation="exact")
+    with pytest.raises(ValueError, match="has no assumed accumulation"):
+        default_variant("cdna3", "fp16", "fp16", accumulation="cdna3")
+    assert default_variant("cdna4", "fp4_e2m1fn", "fp6_e2m3fn", scaled=True,
+                           accumulation="cdna3").name == "v_mfma_scale_f32_16x16x128_f8f6f4"
     with pytest.raises(ValueError, match="has no instruction"):
         default_variant("cdna3", "fp16", "fp16", instruction="v_mfma_f32_32x32x8f16")
 

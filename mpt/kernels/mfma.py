@@ -41,7 +41,7 @@ from __future__ import annotations
 import llvmlite.ir as ir
 import numpy as np
 from numba import njit, prange, types
-from numba.core.extending import overload
+from numba.core.extending import intrinsic, overload
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
@@ -340,56 +340,87 @@ def nominals(x, emin_pow2, out):
         out[i] = _nominal(np.float64(x[i]), emin_pow2)
 
 
-_F64 = ir.DoubleType()
-_VF64 = ir.VectorType(_F64, _WIDE)
-_VI64 = ir.VectorType(ir.IntType(64), _WIDE)
+_F32, _I32 = ir.FloatType(), ir.IntType(32)
+_F64, _I64 = ir.DoubleType(), ir.IntType(64)
+_VF64, _VI64 = ir.VectorType(_F64, _WIDE), ir.VectorType(_I64, _WIDE)
+_VF32, _VI32 = ir.VectorType(_F32, 2 * _WIDE), ir.VectorType(_I32, 2 * _WIDE)
 
 
 def _splat(value, vtype):
     return ir.Constant(vtype, [value] * vtype.count)
 
 
-def _emit_finish(builder, tile_addr, anchor_addr, total_addr, unused, chunks):
-    """:func:`_finish` (without the far-C drop) over ``chunks`` x 8 lanes, in <8 x double>
-    registers: tile (float64 accumulators, in: C, out: D), anchor (float32 E; below 2^-126,
-    even 0, only in groups of zero products, where S = 0 and E cannot set M), total (int32 S).
-    An Inf or NaN C stays (the products are finite on this path)."""
+def _finish_lanes(builder, c_ptr, e, s):
+    """:func:`_finish` (without the far-C drop) on 8 lanes: c (float64 at c_ptr, in: C, out: D),
+    e (<8 x double> E; below 2^-126, even 0, only in groups of zero products, where S = 0 and E
+    cannot set M), s (<8 x double> S). An Inf or NaN C stays (the products are finite here)."""
     vfloor = _gemm._vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
     vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
     vabs = _gemm._vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
-    vf32 = ir.VectorType(ir.FloatType(), _WIDE)
-    vi32 = ir.VectorType(ir.IntType(32), _WIDE)
-
-    def at(addr, elem, vtype, k):
-        base = builder.inttoptr(addr, elem.as_pointer())
-        return builder.bitcast(builder.gep(base, [builder.mul(k, _gemm._const(_WIDE))]),
-                               vtype.as_pointer())
-
-    def body(k, state):
-        c_ptr = at(tile_addr, _F64, _VF64, k)
-        c = builder.load(c_ptr, align=8)
-        e = builder.fpext(builder.load(at(anchor_addr, ir.FloatType(), vf32, k), align=4), _VF64)
-        s = builder.sitofp(builder.load(at(total_addr, ir.IntType(32), vi32, k), align=4), _VF64)
-        floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
-                                               _splat(0x7FF0000000000000, _VI64)), _VF64)
-        m = builder.call(vmax, [e, builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])])
-        r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
-                                        builder.bitcast(m, _VI64)), _VF64)
-        s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
-                                                                 _splat(2.0**7, _VF64)))])
-        t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
-        v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
-                         builder.fmul(m, _splat(2.0**-31, _VF64)))
-        d = builder.fpext(builder.fptrunc(v, vf32), _VF64)           # the one RNE rounding
-        d = builder.select(builder.fcmp_ordered("==", v, _splat(0.0, _VF64)),
-                           _splat(0.0, _VF64), d)                     # an exact zero is +0
-        finite = builder.fcmp_ordered("<", builder.call(vabs, [c]), _splat(np.inf, _VF64))
-        builder.store(builder.select(finite, d, c), c_ptr, align=8)
-        return state
-    _gemm._k_loop(builder, chunks, [], body)
+    c = builder.load(c_ptr, align=8)
+    floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
+                                           _splat(0x7FF0000000000000, _VI64)), _VF64)
+    m = builder.call(vmax, [e, builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])])
+    r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
+                                    builder.bitcast(m, _VI64)), _VF64)        # 1/M, exactly
+    s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
+                                                             _splat(2.0**7, _VF64)))])
+    t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
+    v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
+                     builder.fmul(m, _splat(2.0**-31, _VF64)))
+    # the one RNE rounding; an exact zero is +0 already: s31 is floor(+0) or non-zero, so the
+    # sum s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (-x) = +0, +0 + -0 = +0)
+    d = builder.fpext(builder.fptrunc(v, ir.VectorType(_F32, _WIDE)), _VF64)
+    finite = builder.fcmp_ordered("<", builder.call(vabs, [c]), _splat(np.inf, _VF64))
+    builder.store(builder.select(finite, d, c), c_ptr, align=8)
 
 
-_finish_tile = _gemm._tile_intrinsic(_emit_finish)
+def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk):
+    """One group of nk products for a BLOCK_ROWS x COLS tile, all in registers: the anchor pass
+    (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on float32 patterns (E floored at
+    2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi`` truncating toward zero), then
+    :func:`_finish_lanes` on the float64 tile at tile_addr (row-major, COLS per row)."""
+    rows, cols, lanes = _gemm.BLOCK_ROWS, _gemm.COLS, 2 * _WIDE
+    tiles = rows * cols // lanes
+    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    vumax = _gemm._vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+
+    def anchor_step(k, anchor):
+        b = _gemm._panel_vectors(builder, pb_addr, k)
+        a = _gemm._panel_splats(builder, pa_addr, k, rows)
+        return [builder.call(vmax, [anchor[i], builder.fmul(a[i // 2], b[i % 2])])
+                for i in range(tiles)]
+    anchor = _gemm._k_loop(builder, nk, [_splat(0.0, _VF32)] * tiles, anchor_step)
+    scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
+        vumax, [builder.bitcast(x, _VI32), _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32)
+        for x in anchor]
+
+    def sum_step(k, total):
+        b = _gemm._panel_vectors(builder, vb_addr, k)
+        a = _gemm._panel_splats(builder, va_addr, k, rows)
+        return [builder.add(total[i], builder.fptosi(
+            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
+            for i in range(tiles)]
+    total = _gemm._k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+    base = builder.inttoptr(tile_addr, _F64.as_pointer())
+    for i in range(tiles):
+        for half in range(2):
+            lanes_of = ir.Constant(ir.VectorType(_I32, _WIDE),
+                                   list(range(half * _WIDE, (half + 1) * _WIDE)))
+            e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes_of), _VF64)
+            s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes_of), _VF64)
+            c_ptr = builder.bitcast(builder.gep(base, [_gemm._const(i * lanes + half * _WIDE)]),
+                                    _VF64.as_pointer())
+            _finish_lanes(builder, c_ptr, e, s)
+
+
+@intrinsic
+def _group_tile(typingctx, tile, va, pa, vb, pb, nk):
+    """``_group_tile(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk)`` (intp): :func:`_emit_group`."""
+    def codegen(context, builder, signature, args):
+        _emit_group(builder, *args)
+        return context.get_dummy_value()
+    return types.void(*([types.intp] * 6)), codegen
 
 
 @njit(cache=True, parallel=True)
@@ -398,12 +429,12 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
 
     vap, pap: (Ba, Mt, K, BLOCK_ROWS) float32 values and :func:`nominals` of A packed by
     ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B, Mt, Nt,
-    BLOCK_ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group: the anchor
-    pass (E = max of nominal products, from 0: C is not in it), the sum pass (int32 Σ trunc(a·b·
-    2^24/E): float32 products of <= 11-bit values are exact, |S| < 8·2^26), then the finish.
-    E is floored at 2^-64 for the scale 2^24/E (so it stays finite, at most 2^88): only groups of
-    zero products, whose terms are 0 anyway, reach the floor (a non-zero product has E >= 2^-62
-    here).
+    BLOCK_ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
+    registers (:func:`_emit_group`): the anchor pass (E = max of nominal products, from 0: C is
+    not in it), the sum pass (int32 Σ trunc(a·b·2^24/E): float32 products of <= 11-bit values
+    are exact, |S| < 8·2^26), then the finish in float64. E is floored at 2^-64 for the scale
+    2^24/E (so it stays finite, at most 2^88): only groups of zero products, whose terms are 0
+    anyway, reach the floor (a non-zero product has E >= 2^-62 here).
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
@@ -412,24 +443,12 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        anchor = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.float32)
-        scale = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.float32)
-        total = np.empty(_gemm.BLOCK_ROWS * _gemm.COLS, np.int32)
-        anchor_bits, scale_bits = anchor.view(np.uint32), scale.view(np.uint32)
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, group):
             for it in range(g * _gemm._ROW_TILES, min(mt, (g + 1) * _gemm._ROW_TILES)):
-                tile = acc[z, it, jt]
-                anchor[:] = 0.0
-                _gemm._anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,
-                                   pb_p[kb:].ctypes.data, group)
-                for w in range(anchor.size):   # 2^24/E on float32 patterns, E >= 2^-64
-                    scale_bits[w] = _SCALE_BITS - max(anchor_bits[w], _ANCHOR_FLOOR_BITS)
-                    total[w] = 0
-                _gemm._sum_tile(total.ctypes.data, scale.ctypes.data, va_z[it, kb:].ctypes.data,
-                                vb_p[kb:].ctypes.data, group)
-                _finish_tile(tile.ctypes.data, anchor.ctypes.data, total.ctypes.data, 0,
-                             tile.size // _WIDE)
+                _group_tile(acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
+                            pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data,
+                            pb_p[kb:].ctypes.data, group)
 
 
 # ---- one product, decoded once ------------------------------------------------------------------

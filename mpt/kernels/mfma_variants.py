@@ -183,10 +183,21 @@ def get_mfma_model(name: str) -> MFMAModel:
 
 
 def default_variant(model: str, a_format: str, b_format: str, *, scaled: bool = False,
-                    instruction: str | None = None) -> MFMAVariant:
+                    instruction: str | None = None,
+                    accumulation: str | None = None) -> MFMAVariant:
     """The variant of ``model`` for these input formats: the named ``instruction``, else the
-    first (the default) that takes both formats (and scales, if ``scaled``)."""
+    first (the default) that takes both formats (and scales, if ``scaled``).
+
+    ``accumulation``: CDNA4's assumed rule, one of :data:`CDNA4_ACCUMULATIONS` (None: the
+    model's default); other models have no assumed rule and take None only.
+    """
     m = get_mfma_model(model)
+    if accumulation is not None and accumulation != m.accumulation:
+        if m.accumulation is None:
+            raise ValueError(f"model {m.name!r} has no assumed accumulation rule; "
+                             f"accumulation must be None, got {accumulation!r}")
+        raise ValueError(f"accumulation must be one of {list(CDNA4_ACCUMULATIONS)}; "
+                         f"got {accumulation!r}")
     for v in m.variants:
         if instruction is not None:
             if instruction in v.instructions:
