@@ -386,12 +386,13 @@ def test_chain_in_pieces_equals_one_chain(model, fmt):
                                             fmt, fmt)
 
 
-@pytest.mark.parametrize("fmt", ["fp16", "bf16", "tf32"])
-def test_register_blocked_path_equals_general_path(fmt):
-    """Moderate finite operands take the packed kernel; the same call with one Inf in A takes the
-    general one; the other batch elements' bits agree (tile edges, batches)."""
+@pytest.mark.parametrize("model, fmt", [("cdna3", "fp16"), ("cdna3", "bf16"), ("cdna3", "tf32"),
+                                        ("cdna3", "fp8_e4m3fnuz"), ("cdna4", "fp8_e5m2")])
+def test_register_blocked_path_equals_general_path(model, fmt):
+    """Moderate finite operands take the packed kernel; the same call with one Inf (FNUZ: NaN)
+    in A takes the general one; the other batch elements' bits agree (tile edges, batches)."""
     rng = np.random.default_rng(5)
-    v = default_variant("cdna3", fmt, fmt)
+    v = default_variant(model, fmt, fmt)
     dtype = get_format(fmt).dtype if fmt != "tf32" else np.float32
     for m, k, n in [(37, 70, 45), (9, 16, 70)]:
         a = (rng.standard_normal((2, m, k)) * 4).astype(np.float32).astype(dtype)
@@ -400,7 +401,7 @@ def test_register_blocked_path_equals_general_path(fmt):
         ia, ib = np.arange(2), np.zeros(2, np.int64)
         fast = MFMAOperands(v, a, b, ia, ib, fmt, fmt)
         spoiled_a = a.copy()
-        spoiled_a[1, 0, 0] = np.inf
+        spoiled_a[1, 0, 0] = np.nan if "fnuz" in fmt else np.inf
         slow = MFMAOperands(v, spoiled_a, b, ia, ib, fmt, fmt)
         assert fast.packed and not slow.packed
         results = []

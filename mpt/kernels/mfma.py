@@ -21,9 +21,10 @@ Kernels:
   pairwise tree of FP32 adds, CDNA2's flushes. Exact: every step is one IEEE float32 operation
   (Numba does not contract or reassociate without fastmath).
 * :func:`fused_chain` — CDNA3 (and CDNA4) groups, any operands, MX scales: the general path.
-* :func:`fused_chain_packed` — the same for the fused (non-FP8) rule on operands whose products
-  are finite and within [2^-60, 2^60] (:func:`packed_ok`), register-blocked: the anchor and sum
-  passes are ``mpt.kernels.gemm``'s vector tiles, the per-group finish is Numba.
+* :func:`fused_chain_packed` — the same without MX scales, on operands whose products are
+  finite and within [2^-60, 2^60] (:func:`packed_ok`), register-blocked: a group's anchor pass,
+  sum pass and float64 finish run in one LLVM IR call per 8x32 tile of outputs, on panels packed
+  as ``mpt.kernels.gemm`` packs them (FP8: K reordered so that each half is contiguous).
 
 Why the fused rule is exact in float64 (inputs of at most 11 significant bits — fp16, bf16,
 TF32, fp8/6/4 — so every product a·b is exact in float64, and in float32 on the fast path):
@@ -350,22 +351,26 @@ def _splat(value, vtype):
     return ir.Constant(vtype, [value] * vtype.count)
 
 
-def _finish_lanes(builder, c_ptr, e, s):
-    """:func:`_finish` (without the far-C drop) on 8 lanes: c (float64 at c_ptr, in: C, out: D),
-    e (<8 x double> E; below 2^-126, even 0, only in groups of zero products, where S = 0 and E
-    cannot set M), s (<8 x double> S). An Inf or NaN C stays (the products are finite here)."""
+def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
+    """:func:`_finish` on 8 lanes: c (float64 at c_ptr, in: C, out: D), e (<8 x double> E; below
+    2^-126, even 0, only in groups of zero products, where S = 0 and E cannot set M), s (<8 x
+    double> S). An Inf or NaN C stays (the products are finite here)."""
     vfloor = _gemm._vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
     vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
     vabs = _gemm._vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
     c = builder.load(c_ptr, align=8)
     floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
                                            _splat(0x7FF0000000000000, _VI64)), _VF64)
-    m = builder.call(vmax, [e, builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])])
+    ec = builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])
+    m = builder.call(vmax, [e, ec])
     r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
                                     builder.bitcast(m, _VI64)), _VF64)        # 1/M, exactly
     s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
                                                              _splat(2.0**7, _VF64)))])
     t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
+    if drop_far_c:
+        far = builder.fcmp_ordered("<", builder.fmul(ec, _splat(2.0**25, _VF64)), m)
+        t24 = builder.select(far, _splat(0.0, _VF64), t24)
     v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
                      builder.fmul(m, _splat(2.0**-31, _VF64)))
     # the one RNE rounding; an exact zero is +0 already: s31 is floor(+0) or non-zero, so the
@@ -375,17 +380,17 @@ def _finish_lanes(builder, c_ptr, e, s):
     builder.store(builder.select(finite, d, c), c_ptr, align=8)
 
 
-def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk):
-    """One group of nk products for a BLOCK_ROWS x COLS tile, all in registers: the anchor pass
-    (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on float32 patterns (E floored at
-    2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi`` truncating toward zero), then
-    :func:`_finish_lanes` on the float64 tile at tile_addr (row-major, COLS per row)."""
-    rows, cols, lanes = _gemm.BLOCK_ROWS, _gemm.COLS, 2 * _WIDE
-    tiles = rows * cols // lanes
+def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
+    """(E, S) of products k0 .. k0+nk-1 for a BLOCK_ROWS x COLS tile, in registers (16 vectors
+    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on
+    float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
+    truncating toward zero)."""
+    rows, tiles = _gemm.BLOCK_ROWS, _gemm.BLOCK_ROWS * _gemm.COLS // (2 * _WIDE)
     vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
     vumax = _gemm._vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
 
     def anchor_step(k, anchor):
+        k = builder.add(k, k0)
         b = _gemm._panel_vectors(builder, pb_addr, k)
         a = _gemm._panel_splats(builder, pa_addr, k, rows)
         return [builder.call(vmax, [anchor[i], builder.fmul(a[i // 2], b[i % 2])])
@@ -396,36 +401,81 @@ def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk):
         for x in anchor]
 
     def sum_step(k, total):
+        k = builder.add(k, k0)
         b = _gemm._panel_vectors(builder, vb_addr, k)
         a = _gemm._panel_splats(builder, va_addr, k, rows)
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
             for i in range(tiles)]
-    total = _gemm._k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+    return anchor, _gemm._k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+
+
+def _merge_halves(builder, even, odd):
+    """The FP8 rule's step 2b on (E, S) of the even and the odd half: E = max(E0, E1) and
+    S = floor(S0·2^(E0-E)) + floor(S1·2^(E1-E)), as arithmetic right shifts (floor) of int32 by
+    the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
+    same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
+    field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
+    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    vumin = _gemm._vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    anchor, total = [], []
+    for e0, s0, e1, s1 in zip(*even, *odd):
+        e = builder.call(vmax, [e0, e1])
+
+        def field(x):
+            return builder.lshr(builder.bitcast(x, _VI32), _splat(23, _VI32))
+
+        def shifted(e_h, s_h):
+            d = builder.call(vumin, [builder.sub(field(e), field(e_h)), _splat(31, _VI32)])
+            return builder.ashr(s_h, d)
+        anchor.append(e)
+        total.append(builder.add(shifted(e0, s0), shifted(e1, s1)))
+    return anchor, total
+
+
+def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halves):
+    """One group of nk products for a BLOCK_ROWS x COLS tile at tile_addr (float64, row-major),
+    in registers: (E, S) by :func:`_emit_sum` (FP8, ``halves``: of the first and the second
+    nk/2 products, the even-k and odd-k ones after :class:`MFMAOperands` reordered K, merged by
+    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
+    sums = (va_addr, pa_addr, vb_addr, pb_addr)
+    if halves:
+        half = builder.lshr(nk, _gemm._const(1))
+        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, _gemm._const(0), half),
+                                      _emit_sum(builder, *sums, half, half))
+    else:
+        anchor, total = _emit_sum(builder, *sums, _gemm._const(0), nk)
     base = builder.inttoptr(tile_addr, _F64.as_pointer())
-    for i in range(tiles):
-        for half in range(2):
-            lanes_of = ir.Constant(ir.VectorType(_I32, _WIDE),
-                                   list(range(half * _WIDE, (half + 1) * _WIDE)))
-            e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes_of), _VF64)
-            s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes_of), _VF64)
-            c_ptr = builder.bitcast(builder.gep(base, [_gemm._const(i * lanes + half * _WIDE)]),
+    for i in range(len(anchor)):
+        for part in range(2):
+            lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
+                                list(range(part * _WIDE, (part + 1) * _WIDE)))
+            e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes), _VF64)
+            s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes), _VF64)
+            c_ptr = builder.bitcast(builder.gep(base, [_gemm._const((2 * i + part) * _WIDE)]),
                                     _VF64.as_pointer())
-            _finish_lanes(builder, c_ptr, e, s)
+            _finish_lanes(builder, c_ptr, e, s, halves)
 
 
-@intrinsic
-def _group_tile(typingctx, tile, va, pa, vb, pb, nk):
-    """``_group_tile(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk)`` (intp): :func:`_emit_group`."""
-    def codegen(context, builder, signature, args):
-        _emit_group(builder, *args)
-        return context.get_dummy_value()
-    return types.void(*([types.intp] * 6)), codegen
+def _group_intrinsic(halves):
+    @intrinsic
+    def group_tile(typingctx, tile, va, pa, vb, pb, nk):
+        def codegen(context, builder, signature, args):
+            _emit_group(builder, *args, halves)
+            return context.get_dummy_value()
+        return types.void(*([types.intp] * 6)), codegen
+    return group_tile
+
+
+#: ``_group_tile(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk)`` (intp arguments): one
+#: group of the fused rule (:func:`_emit_group`); ``_group_tile_fp8``: of the FP8 rule.
+_group_tile = _group_intrinsic(False)
+_group_tile_fp8 = _group_intrinsic(True)
 
 
 @njit(cache=True, parallel=True)
-def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
-    """The fused (non-FP8, unscaled) rule over k in [k0, k1) for :func:`packed_ok` operands.
+def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
+    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands.
 
     vap, pap: (Ba, Mt, K, BLOCK_ROWS) float32 values and :func:`nominals` of A packed by
     ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B, Mt, Nt,
@@ -434,7 +484,8 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
     not in it), the sum pass (int32 Σ trunc(a·b·2^24/E): float32 products of <= 11-bit values
     are exact, |S| < 8·2^26), then the finish in float64. E is floored at 2^-64 for the scale
     2^24/E (so it stays finite, at most 2^88): only groups of zero products, whose terms are 0
-    anyway, reach the floor (a non-zero product has E >= 2^-62 here).
+    anyway, reach the floor (a non-zero product has E >= 2^-62 here). ``halves``: the FP8 rule,
+    on operands whose K was reordered within each group (even k first, then odd k).
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
@@ -446,9 +497,13 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group):
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, group):
             for it in range(g * _gemm._ROW_TILES, min(mt, (g + 1) * _gemm._ROW_TILES)):
-                _group_tile(acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
-                            pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data,
-                            pb_p[kb:].ctypes.data, group)
+                args = (acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
+                        pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data, pb_p[kb:].ctypes.data,
+                        group)
+                if halves:
+                    _group_tile_fp8(*args)
+                else:
+                    _group_tile(*args)
 
 
 # ---- one product, decoded once ------------------------------------------------------------------
@@ -480,8 +535,13 @@ class MFMAOperands:
             (a.shape[0], self.m, 0))
         self.sb = _pad(decode_scales(scale_b), 1, blocks, 1.0) if blocks else np.empty(
             (b.shape[0], 0, self.n))
-        self.packed = variant.rule == "fused" and packed_ok(a, b)
+        self.packed = variant.rule in ("fused", "fused_fp8") and self.sa.size == 0 \
+            and packed_ok(a, b)
         if self.packed:
+            if variant.rule == "fused_fp8":   # each group's even k first, then its odd k
+                order = np.arange(self.padded).reshape(-1, variant.group // 2, 2)
+                order = order.transpose(0, 2, 1).ravel()
+                a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
             rows = _gemm.BLOCK_ROWS
             pa, pb = np.empty_like(a), np.empty_like(b)
             nominals(a.ravel(), self.emins[0], pa.ravel())
@@ -504,7 +564,8 @@ class MFMAOperands:
         v = self.variant
         k1 = min(-(-k1 // v.k) * v.k, self.padded)
         if self.packed:
-            fused_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, v.group)
+            fused_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, v.group,
+                               v.rule == "fused_fp8")
         elif v.rule == "fma":
             fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, self.default_nan)
         elif v.rule == "pairwise":
