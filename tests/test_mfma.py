@@ -505,3 +505,15 @@ def test_agrees_with_mmasim_outputs():
             several += 1
         equal += int((got == want).sum())
     assert (equal, several) == (4632, 328)
+
+
+def test_operands_reject_bad_variants_and_scales():
+    from mpt.kernels.mfma_variants import MFMAVariant
+    a, b, z = np.ones((1, 2, 4), np.float16), np.ones((1, 4, 2), np.float16), np.zeros(1, np.int64)
+    with pytest.raises(ValueError, match="pairwise groups of 2 or 4"):
+        MFMAOperands(MFMAVariant(("x",), 8, "pairwise", 8, ("fp16",)), a, b, z, z, "fp16", "fp16")
+    with pytest.raises(ValueError, match="k a multiple of the group"):
+        MFMAOperands(MFMAVariant(("x",), 6, "fused", 4, ("fp16",)), a, b, z, z, "fp16", "fp16")
+    with pytest.raises(ValueError, match="only with a scaled variant"):
+        MFMAOperands(default_variant("cdna3", "fp16", "fp16"), a, b, z, z, "fp16", "fp16",
+                     np.full((1, 2, 1), 127, np.uint8), np.full((1, 1, 2), 127, np.uint8))

@@ -520,6 +520,14 @@ class MFMAOperands:
     """
 
     def __init__(self, variant, a, b, ia, ib, a_format, b_format, scale_a=None, scale_b=None):
+        if variant.k % variant.group or (variant.rule == "pairwise" and variant.group not in (2, 4)) \
+                or (variant.rule == "fused_fp8" and variant.group % 2):
+            raise ValueError(f"variant {variant.name}: k={variant.k}, group={variant.group} do not "
+                             f"fit rule {variant.rule!r} (k a multiple of the group; pairwise "
+                             "groups of 2 or 4; FP8 groups even)")
+        if (scale_a is None) != (scale_b is None) or (scale_a is not None and not variant.scaled):
+            raise ValueError(f"scale_a and scale_b go together, and only with a scaled variant; "
+                             f"{variant.name} is {'' if variant.scaled else 'not '}scaled")
         self.variant, self.ia, self.ib = variant, np.ascontiguousarray(ia), np.ascontiguousarray(ib)
         self.m, self.n, self.k = a.shape[1], b.shape[2], a.shape[2]
         self.padded = -(-self.k // variant.k) * variant.k
