@@ -23,7 +23,7 @@ Kernels:
 * :func:`fused_chain` — CDNA3 (and CDNA4) groups, any operands, MX scales: the general path.
 * :func:`fused_chain_packed` — the same without MX scales, on operands whose products are
   finite and within [2^-60, 2^60] (:func:`packed_ok`), register-blocked: a group's anchor pass,
-  sum pass and float64 finish run in one LLVM IR call per 8x32 tile of outputs, on panels packed
+  sum pass and float64 finish run in one LLVM IR call per 4x32 tile of outputs, on panels packed
   as ``mpt.kernels.gemm`` packs them (FP8: K reordered so that each half is contiguous).
 
 Why the fused rule is exact in float64 (inputs of at most 11 significant bits — fp16, bf16,
@@ -61,6 +61,9 @@ BIG_NAN32 = np.array([0x7FC00000], np.uint32).view(np.float32)
 
 _MX_BLOCK = 32
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the packed finish)
+_ROWS = 4                     # tile rows of the packed kernel: 4 x 32 outputs keep E, the scale
+                              # and S (24 vectors) in the 32 AVX-512 registers; measured faster
+                              # than 2, 3, 6 or 8 rows
 # 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
 # _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
 _SCALE_BITS = np.uint32(278 << 23)
@@ -381,11 +384,11 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
 
 
 def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
-    """(E, S) of products k0 .. k0+nk-1 for a BLOCK_ROWS x COLS tile, in registers (16 vectors
+    """(E, S) of products k0 .. k0+nk-1 for a _ROWS x COLS tile, in registers (8 vectors
     of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on
     float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
     truncating toward zero)."""
-    rows, tiles = _gemm.BLOCK_ROWS, _gemm.BLOCK_ROWS * _gemm.COLS // (2 * _WIDE)
+    rows, tiles = _ROWS, _ROWS * _gemm.COLS // (2 * _WIDE)
     vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
     vumax = _gemm._vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
 
@@ -434,7 +437,7 @@ def _merge_halves(builder, even, odd):
 
 
 def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halves):
-    """One group of nk products for a BLOCK_ROWS x COLS tile at tile_addr (float64, row-major),
+    """One group of nk products for a _ROWS x COLS tile at tile_addr (float64, row-major),
     in registers: (E, S) by :func:`_emit_sum` (FP8, ``halves``: of the first and the second
     nk/2 products, the even-k and odd-k ones after :class:`MFMAOperands` reordered K, merged by
     :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
@@ -477,9 +480,9 @@ _group_tile_fp8 = _group_intrinsic(True)
 def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
     """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands.
 
-    vap, pap: (Ba, Mt, K, BLOCK_ROWS) float32 values and :func:`nominals` of A packed by
+    vap, pap: (Ba, Mt, K, _ROWS) float32 values and :func:`nominals` of A packed by
     ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B, Mt, Nt,
-    BLOCK_ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
+    _ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
     registers (:func:`_emit_group`): the anchor pass (E = max of nominal products, from 0: C is
     not in it), the sum pass (int32 Σ trunc(a·b·2^24/E): float32 products of <= 11-bit values
     are exact, |S| < 8·2^26), then the finish in float64. E is floored at 2^-64 for the scale
@@ -550,7 +553,7 @@ class MFMAOperands:
                 order = np.arange(self.padded).reshape(-1, variant.group // 2, 2)
                 order = order.transpose(0, 2, 1).ravel()
                 a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
-            rows = _gemm.BLOCK_ROWS
+            rows = _ROWS
             pa, pb = np.empty_like(a), np.empty_like(b)
             nominals(a.ravel(), self.emins[0], pa.ravel())
             nominals(b.ravel(), self.emins[1], pb.ravel())
@@ -564,7 +567,7 @@ class MFMAOperands:
         acc = np.zeros((self.ia.size, self.m, self.n), self.dtype)
         if c is not None:
             acc[:] = decode(c, self.variant.output)
-        return _gemm.pack_tiles(acc, _gemm.BLOCK_ROWS) if self.packed else acc
+        return _gemm.pack_tiles(acc, _ROWS) if self.packed else acc
 
     def chain(self, acc, k0, k1):
         """Run the instructions over [k0, k1) in place; k0 a multiple of the instruction's K,
@@ -587,7 +590,7 @@ class MFMAOperands:
         """The accumulator as (B, M, N) values of the output format (NaN payloads exact)."""
         if self.packed:
             return np.ascontiguousarray(
-                _gemm.unpack_tiles(acc, _gemm.BLOCK_ROWS, self.m, self.n), np.float32)
+                _gemm.unpack_tiles(acc, _ROWS, self.m, self.n), np.float32)
         return acc.copy()
 
 
