@@ -19,7 +19,6 @@ from mpt.kernels.mfma import MFMAOperands, decode
 from mpt.kernels.mfma_variants import MFMA_MODELS, default_variant, get_mfma_model
 from mpt.reference.mfma import mfma_reference
 
-AMD = list(MFMA_MODELS)
 NVIDIA = ["volta", "turing", "ampere", "ada", "hopper", "blackwell"]
 
 
@@ -335,7 +334,8 @@ def test_fnuz_nan_and_cdna4_nan():
 
 def test_cdna4_scales_are_exponent_adds():
     """Assumption "cdna3": scales 2^3 and 2^-1 multiply every product of their block by 2^2:
-    [1, 1.5] · [1, 1] -> 4·2.5 = 10 (0x41200000); a NaN-free product past 2^128 by scale is Inf."""
+    [1, 1.5] · [1, 1] -> 4·2.5 = 10 (0x41200000); a product pushed past 2^128 by its scales
+    (2^127·2^127) is Inf."""
     v = default_variant("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", scaled=True)
     a = np.array([_bits_of([1.0, 1.5], "fp8_e4m3fn")], np.uint64)
     b = np.array([_bits_of([1.0, 1.0], "fp8_e4m3fn")], np.uint64).T
@@ -433,7 +433,7 @@ def test_thread_count_does_not_change_bits():
         assert np.array_equal(outs[-2], outs[-1])
 
 
-# ---- the variant table ----------------------------------------------------------------------------
+# ---- the variant table --------------------------------------------------------------------------
 
 def test_models_aliases_and_evidence():
     for alias, name in [("mi100", "cdna1"), ("MI250X", "cdna2"), ("mi210", "cdna2"),

@@ -523,8 +523,9 @@ class MFMAOperands:
     """
 
     def __init__(self, variant, a, b, ia, ib, a_format, b_format, scale_a=None, scale_b=None):
-        if variant.k % variant.group or (variant.rule == "pairwise" and variant.group not in (2, 4)) \
-                or (variant.rule == "fused_fp8" and variant.group % 2):
+        bad_group = (variant.rule == "pairwise" and variant.group not in (2, 4)) \
+            or (variant.rule == "fused_fp8" and variant.group % 2)
+        if variant.k % variant.group or bad_group:
             raise ValueError(f"variant {variant.name}: k={variant.k}, group={variant.group} do not "
                              f"fit rule {variant.rule!r} (k a multiple of the group; pairwise "
                              "groups of 2 or 4; FP8 groups even)")

@@ -51,7 +51,8 @@ Rules, per group of products p_i = a_i·b_i with accumulator c (FP32 unless said
     3. M = max(E, e(c)). The product sum is re-aligned to 2^M rounding toward −∞ with 31
        fraction bits: s = floor(S·2^(E-M+7)) (units of 2^(M-31)); C likewise with 24:
        t = floor(c·2^(24-M)) (units of 2^(M-24)).
-    4. D = RNE_FP32((s + 2^7·t)·2^(M-31)) (subnormals on the FP32 grid, ≥ FLT_MAX + ½ulp → Inf).
+    4. D = RNE_FP32((s + 2^7·t)·2^(M-31)) (subnormals on the FP32 grid; from FLT_MAX + ½ulp
+       up: Inf).
        An exact zero sum is +0; a non-zero sum that rounds to zero keeps its sign.
     D is the next group's c.
 
