@@ -1,9 +1,12 @@
-"""AMD Matrix Core (MFMA) kernels: against their exact oracle, directed vectors, chaining.
+"""AMD Matrix Cores (the cdna1-cdna4 MMA models): against their exact oracle, directed vectors,
+chaining, mpt.gemm's software, and MMA-Sim's own outputs.
 
-Kernel level: ``_run`` decodes bit patterns and drives ``mpt.kernels.mfma.MFMAOperands``.
+Everything runs through the public path (``mpt.mma`` / ``mpt.gemm`` with ``in_format`` and
+``variant``), except the test that the register-blocked kernel equals the general one, which
+builds the operand class (``mpt.engines.amd.MFMAOperands``) to know which path it took.
 Expectations are bit patterns: the property tests compare with ``mpt.reference.mfma`` (exact
-rationals) on random patterns with zeros, subnormals, Inf, NaN and extreme exponents; the
-directed vectors carry their derivation in a comment. NVIDIA results come from ``mpt.mma``.
+rationals) on random patterns with zeros, subnormals, Inf, NaN and extreme exponents; each
+directed vector carries its derivation in a comment.
 """
 import math
 import pathlib
@@ -14,11 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpt
+from mpt.engines.amd import MFMAOperands
 from mpt.formats import get_format
-from mpt.kernels.mfma import MFMAOperands, decode
-from mpt.kernels.mfma_variants import MFMA_MODELS, default_variant, get_mfma_model
+from mpt.kernels.mfma import decode
 from mpt.reference.mfma import mfma_reference
 
+AMD = ["cdna1", "cdna2", "cdna3", "cdna4"]
 NVIDIA = ["volta", "turing", "ampere", "ada", "hopper", "blackwell"]
 
 
@@ -37,21 +41,31 @@ def _array(bits, fmt):
     return bits.astype(storage).view(get_format(fmt).dtype)
 
 
-def _run(variant, a, b, c, fa, fb, scale_a=None, scale_b=None, steps=None):
-    """D bits of the kernels for (M, K), (K, N), (M, N) bit patterns (one batch element), the
-    chain run in one call or, with ``steps``, one call per k-range boundary in steps."""
-    zero = np.zeros(1, np.int64)
-    sa = None if scale_a is None else np.asarray(scale_a, np.uint8)[None]
-    sb = None if scale_b is None else np.asarray(scale_b, np.uint8)[None]
-    ops = MFMAOperands(variant, _array(a, fa)[None], _array(b, fb)[None], zero, zero, fa, fb,
-                       sa, sb)
-    acc = ops.new_acc(_array(c, variant.output)[None])
-    k = np.shape(a)[1]
-    bounds = [0] + list(steps or []) + [k]
-    for k0, k1 in zip(bounds[:-1], bounds[1:]):
-        ops.chain(acc, k0, k1)
-    d = ops.values(acc)[0]
-    return d.view(np.uint64 if variant.output == "fp64" else np.uint32).astype(np.uint64)
+def _bits(d):
+    """The patterns of an FP32/FP64 result as uint64."""
+    return d.view(np.uint64 if d.dtype == np.float64 else np.uint32).astype(np.uint64)
+
+
+def _oracle_variant(cfg, model):
+    """A configuration as ``mpt.reference.mfma``'s dict, under the model's assumptions."""
+    rule = cfg.param("rule")
+    if rule == "fused_fp8" and "accumulation" in [a.name for a in model.assumptions] and \
+            model.choice("accumulation") == "cdna3_fp8_single_group":
+        rule = "fused"
+    return {"rule": rule, "k": cfg.block, "group": cfg.param("group"),
+            "flush": cfg.param("flush"), "out": cfg.outputs[0][0],
+            "nan": model.choice("several_nans")}
+
+
+def _run(model, cfg, a, b, c, fa, fb, scale_a=None, scale_b=None, fn=mpt.mma, **kw):
+    """D bits of ``fn`` (mpt.mma or mpt.gemm) for (..., M, K), (..., K, N), (..., M, N) bit
+    patterns on the configuration ``cfg`` of ``model``."""
+    sa = None if scale_a is None else np.asarray(scale_a, np.uint8)
+    sb = None if scale_b is None else np.asarray(scale_b, np.uint8)
+    out = cfg.outputs[0][0]
+    d = fn(_array(a, fa), _array(b, fb), _array(c, out), model=model, in_format=(fa, fb),
+           variant=cfg.variant, scale_a=sa, scale_b=sb, out_format=out, **kw)
+    return _bits(d)
 
 
 def _patterns(rng, fmt, shape, center, mix):
@@ -73,28 +87,39 @@ def _patterns(rng, fmt, shape, center, mix):
 
 
 def _configs():
-    """(model, variant, format of a, format of b): every variant, each format with itself and
-    one mixed pair where the variant mixes."""
+    """(model, configuration, format of a, format of b): every variant of every AMD model, each
+    format with itself and one mixed pair where the variant mixes."""
     out = []
-    for name, model in MFMA_MODELS.items():
-        for v in model.variants:
-            pairs = [(f, f) for f in v.inputs] + ([v.inputs[:2]] if len(v.inputs) > 1 else [])
-            if len(v.inputs) > 2:
-                pairs.append((v.inputs[-1], v.inputs[2]))    # fp4 x fp6
+    for name in AMD:
+        for cfg in mpt.get_mma_model(name).configs:
+            fmts = cfg.inputs
+            pairs = [(f, f) for f in fmts] + ([fmts[:2]] if len(fmts) > 1 else [])
+            if len(fmts) > 2:
+                pairs.append((fmts[-1], fmts[2]))    # fp4 x fp6
             for fa, fb in pairs:
-                out.append(pytest.param(name, v, fa, fb, id=f"{name}-{v.name}-{fa}-{fb}"))
+                out.append(pytest.param(name, cfg, fa, fb, id=f"{name}-{cfg.variant}-{fa}-{fb}"))
     return out
 
 
-@pytest.mark.parametrize("model, variant, fa, fb", _configs())
+def _configured(name, data):
+    """The model with its assumed rules drawn: several_nans, and cdna4's accumulation."""
+    model = mpt.get_mma_model(name)
+    return model.configure(**{a.name: data.draw(st.sampled_from(a.choices), label=a.name)
+                              for a in model.assumptions})
+
+
+@pytest.mark.parametrize("name, cfg, fa, fb", _configs())
 @given(data=st.data())
 @settings(max_examples=25)
-def test_kernels_match_oracle(model, variant, fa, fb, data):
-    """D bits equal the exact oracle's; K spans a partial instruction up to two and a bit."""
+def test_mma_matches_oracle(name, cfg, fa, fb, data):
+    """D bits equal the exact oracle's, under every choice of the assumed rules; K spans a
+    partial instruction up to two and a bit."""
+    model = _configured(name, data)
     m, n = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
-    k = data.draw(st.integers(1, 2 * variant.k + 3))
+    k = data.draw(st.integers(1, 2 * cfg.block + 3))
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32)))
-    bias = {f: get_format("fp32" if f == "tf32" else f).bias for f in (fa, fb, variant.output)}
+    out = cfg.outputs[0][0]
+    bias = {f: get_format("fp32" if f == "tf32" else f).bias for f in (fa, fb, out)}
     if data.draw(st.booleans()):   # tame: finite, moderate (the register-blocked path)
         ca, cb = (bias[f] + int(rng.integers(-3, 4)) for f in (fa, fb))
         mix = (0.0, 1.0, 0.0)
@@ -105,16 +130,16 @@ def test_kernels_match_oracle(model, variant, fa, fb, data):
     a = _patterns(rng, fa, (m, k), ca, mix)
     b = _patterns(rng, fb, (k, n), cb, mix)
     a[rng.random(a.shape) < 0.1] = 0
-    aligned = bias[variant.output] + ca - bias[fa] + cb - bias[fb]
-    c = _patterns(rng, variant.output, (m, n), data.draw(st.sampled_from(
+    aligned = bias[out] + ca - bias[fa] + cb - bias[fb]
+    c = _patterns(rng, out, (m, n), data.draw(st.sampled_from(
         [aligned, aligned - 26, int(rng.integers(0, 256))])), (0.2, 0.7, 0.1))
     sa = sb = None
-    if variant.scaled:
+    if cfg.param("scale_block"):
         blocks = -(-k // 32)
         sa = rng.integers(0, 256, (m, blocks)) if mix[0] else 127 + rng.integers(-3, 4, (m, blocks))
         sb = rng.integers(0, 256, (blocks, n)) if mix[0] else 127 + rng.integers(-3, 4, (blocks, n))
-    got = _run(variant, a, b, c, fa, fb, sa, sb)
-    want = mfma_reference(a.tolist(), b.tolist(), c.tolist(), variant.as_dict(), fa, fb,
+    got = _run(model, cfg, a, b, c, fa, fb, sa, sb)
+    want = mfma_reference(a.tolist(), b.tolist(), c.tolist(), _oracle_variant(cfg, model), fa, fb,
                           None if sa is None else sa.tolist(), None if sb is None else sb.tolist())
     assert got.tolist() == want
 
@@ -141,22 +166,25 @@ def _bits_of(values, fmt):
     return out
 
 
-def _vector(model, a, b, c, fmt, instruction=None, out_bits=True):
-    v = default_variant(model, fmt, fmt, instruction=instruction)
-    k = len(a)
-    got = _run(v, np.array([_bits_of(a, fmt)], np.uint64), np.array([_bits_of(b, fmt)],
-               np.uint64).T, np.array([_bits_of([c], "fp32")], np.uint64), fmt, fmt)
-    assert got.shape == (1, 1) and k
+def _vector(model, a, b, c, fa, fb=None, variant=None, scale_a=None, scale_b=None):
+    """D bits of one output element (the model's default variant unless one is named)."""
+    fb = fb or fa
+    model = mpt.get_mma_model(model)
+    cfg = model.config(fa, fb, variant, scaled=scale_a is not None)
+    got = _run(model, cfg, np.array([_bits_of(a, fa)], np.uint64),
+               np.array([_bits_of(b, fb)], np.uint64).T,
+               np.array([_bits_of([c], "fp32")], np.uint64), fa, fb,
+               None if scale_a is None else [scale_a], None if scale_b is None else
+               [[s] for s in scale_b])
     return int(got[0, 0])
 
 
 def _nvidia(model, a, b, c, fmt):
     """Bits of an NVIDIA preset on the vector, or None if it does not take fmt."""
     try:
-        cfg = mpt.get_mma_model(model).config(fmt, fmt)
+        mpt.get_mma_model(model).config(fmt, fmt)
     except ValueError:
         return None
-    del cfg
     x = _array(_bits_of(a, fmt), fmt)[None, :]
     y = _array(_bits_of(b, fmt), fmt)[:, None]
     cc = _array(_bits_of([c], "fp32"), "fp32")[None, :]
@@ -180,8 +208,8 @@ VECTORS = {
         fmt="fp16", a=[2.0**12, 1, 1, -(2.0**12)], b=[2.0**12, 1, 1, 2.0**12], c=0.0,
         want={"cdna1": 0x3F800000, "cdna2": 0x3F800000, "cdna3": 0x40000000},
         separates=["cdna1", "cdna2"]),
-    # CDNA2's flush of a subnormal input: fp16 2^-24 · 1 gives 2^-24 (0x33800000) on CDNA1/3, +0 on
-    # CDNA2.
+    # CDNA2's flush of a subnormal input: fp16 2^-24 · 1 gives 2^-24 (0x33800000) on CDNA1/3, +0
+    # on CDNA2.
     "flush-input": dict(
         fmt="fp16", a=[2.0**-24], b=[1.0], c=0.0,
         want={"cdna1": 0x33800000, "cdna2": 0x0, "cdna3": 0x33800000}, separates=["cdna2"]),
@@ -232,7 +260,8 @@ VECTORS = {
         fmt="bf16", a=[2.0**127, -(2.0**127)], b=[2.0, 2.0], c=0.0,
         want={"cdna1": 0xFFC00000, "cdna2": 0xFFC00000, "cdna3": 0x7FC00000},
         separates=["cdna1", "cdna2", "cdna3"]),
-    # No canonical NaN: the fp16 signalling NaN 0x7C01 comes out quiet with its payload on top.
+    # No canonical NaN: the fp16 signalling NaN 0x7C01 comes out quiet with its payload on top
+    # (NVIDIA writes its canonical 0x7FFFFFFF).
     "nan-payload": dict(
         fmt="fp16", a=[Bits(0x7C01)], b=[1.0], c=0.0,
         want={"cdna1": 0x7FC02000, "cdna2": 0x7FC02000, "cdna3": 0x7FC02000},
@@ -246,11 +275,13 @@ VECTORS = {
 
 
 @pytest.mark.parametrize("name", list(VECTORS))
-@pytest.mark.parametrize("model", ["cdna1", "cdna2", "cdna3"])
+@pytest.mark.parametrize("model", ["cdna1", "cdna2", "cdna3", "cdna4"])
 def test_directed_vectors(name, model):
+    """Exact bits per model; CDNA4 computes fp16/bf16 as CDNA3 (its assumed accumulation)."""
     vec = VECTORS[name]
+    want = vec["want"]["cdna3" if model == "cdna4" else model]
     got = _vector(model, vec["a"], vec["b"], vec["c"], vec["fmt"])
-    assert got == vec["want"][model], f"got {got:#x}, want {vec['want'][model]:#x}"
+    assert got == want, f"got {got:#x}, want {want:#x}"
 
 
 @pytest.mark.parametrize("name", [n for n, v in VECTORS.items() if v["separates"]])
@@ -265,7 +296,8 @@ def test_directed_vectors_separate_amd_from_nvidia(name):
 
 
 def test_every_amd_model_is_told_apart():
-    """Each pair of CDNA1-3 models differs on some vector, and each is separated from NVIDIA."""
+    """Each pair of CDNA1-3 models differs on some vector, and each is separated from every
+    NVIDIA preset by one."""
     for x in ("cdna1", "cdna2", "cdna3"):
         assert any(x in v["separates"] for v in VECTORS.values())
         for y in ("cdna1", "cdna2", "cdna3"):
@@ -274,13 +306,13 @@ def test_every_amd_model_is_told_apart():
 
 
 def test_bf16_group_of_two_or_four():
-    """The pre-_1k bf16 instructions add pairs, the _1k ones quads: c = 2^24 and products
+    """The original bf16 instructions add pairs, the _1k ones quads: c = 2^24 and products
     [1, 0, 1, 0]. Pairs: 2^24 + 1 ties to 2^24, twice: 0x4B800000. Quads: 1 + 1 = 2 first,
-    2^24 + 2 exact: 0x4B800001."""
+    2^24 + 2 exact: 0x4B800001. CDNA1 has only pairs; CDNA2's default is a _1k instruction."""
     a, b, c = [1.0, 0.0, 1.0, 0.0], [1.0] * 4, 2.0**24
-    assert _vector("cdna1", a, b, c, "bf16", "v_mfma_f32_32x32x4bf16") == 0x4B800000
-    assert _vector("cdna2", a, b, c, "bf16", "v_mfma_f32_32x32x4bf16") == 0x4B800000
-    assert _vector("cdna2", a, b, c, "bf16", "v_mfma_f32_32x32x4bf16_1k") == 0x4B800001
+    assert _vector("cdna1", a, b, c, "bf16") == 0x4B800000
+    assert _vector("cdna2", a, b, c, "bf16", variant="v_mfma_f32_32x32x4bf16") == 0x4B800000
+    assert _vector("cdna2", a, b, c, "bf16") == 0x4B800001
 
 
 def test_cdna3_group_of_four_or_eight():
@@ -290,15 +322,8 @@ def test_cdna3_group_of_four_or_eight():
     gives 1 + 2^-23."""
     a = [1.0, 0, 0, 0, 1.75 * 2.0**-12, 0, 0, 0]
     b = [1.0, 0, 0, 0, 2.0**-12, 0, 0, 0]
-    assert _vector("cdna3", a, b, 0.0, "fp16", "v_mfma_f32_32x32x8_f16") == 0x3F800000
-    assert _vector("cdna3", a, b, 0.0, "fp16", "v_mfma_f32_4x4x4_16b_f16") == 0x3F800001
-
-
-def _fp8(a, b, c, fa="fp8_e4m3fnuz", fb="fp8_e5m2fnuz", model="cdna3"):
-    v = default_variant(model, fa, fb)
-    d = _run(v, np.array([_bits_of(a, fa)], np.uint64), np.array([_bits_of(b, fb)], np.uint64).T,
-             np.array([_bits_of([c], "fp32")], np.uint64), fa, fb)
-    return int(d[0, 0])
+    assert _vector("cdna3", a, b, 0.0, "fp16") == 0x3F800000
+    assert _vector("cdna3", a, b, 0.0, "fp16", variant="v_mfma_f32_32x32x4_2b_f16") == 0x3F800001
 
 
 def test_fp8_even_and_odd_halves():
@@ -307,52 +332,78 @@ def test_fp8_even_and_odd_halves():
     then rounded toward -inf to 24 bits below 2^0: -1 unit, D = 1 - 2^-24 (0x3F7FFFFF). In the
     even half with the 1 (k=2) it is truncated toward zero at 24 bits below 2^0: D = 1.0. The
     exact sum rounds to 1.0, and so do Hopper's FP8 (13 bits, toward zero) and CDNA3's f16 rule."""
+    fnuz = ("fp8_e4m3fnuz", "fp8_e5m2fnuz")
     small_a, small_b = -(2.0**-10), 2.0**-17
-    assert _fp8([1.0, small_a], [1.0, small_b], 0.0) == 0x3F7FFFFF
-    assert _fp8([1.0, 0.0, small_a], [1.0, 0.0, small_b], 0.0) == 0x3F800000
+    assert _vector("cdna3", [1.0, small_a], [1.0, small_b], 0.0, *fnuz) == 0x3F7FFFFF
+    assert _vector("cdna3", [1.0, 0.0, small_a], [1.0, 0.0, small_b], 0.0, *fnuz) == 0x3F800000
 
 
 def test_fp8_far_c_dropped():
     """FP8 drops a C more than 25 binades below M: c = -2^-30 against a product 1 is dropped
     (1.0), c = -2^-25 is kept and rounded toward -inf to -2^-24: 0x3F7FFFFF. (The f16 rule keeps
     both: 'c-toward-minus-inf'.)"""
-    assert _fp8([1.0], [1.0], -(2.0**-30)) == 0x3F800000
-    assert _fp8([1.0], [1.0], -(2.0**-25)) == 0x3F7FFFFF
+    assert _vector("cdna3", [1.0], [1.0], -(2.0**-30), "fp8_e4m3fnuz") == 0x3F800000
+    assert _vector("cdna3", [1.0], [1.0], -(2.0**-25), "fp8_e4m3fnuz") == 0x3F7FFFFF
+
+
+def test_cdna4_accumulation_is_a_parameter():
+    """The assumed rule ``accumulation``: OCP e4m3 products 1 and -2^-9·2^-9 = -2^-18 at k = 0
+    and k = 1. "cdna3" (halves): the odd half keeps -2^-18 and rounds it toward -inf to 24 bits
+    below 2^0 (exact), D = 1 - 2^-18 (0x3F7FFFC0) as CDNA3's FNUZ rule gives; the far C =
+    -2^-30 is dropped. "cdna3_fp8_single_group": one group truncates -2^-18 at 24 bits below 2^0
+    (exact too) and keeps C = -2^-30, which floors to -2^-24: 1 - 2^-18 - 2^-24 (0x3F7FFFBF)."""
+    a, b = [1.0, -(2.0**-9)], [1.0, 2.0**-9]
+    assert _vector("cdna4", a, b, -(2.0**-30), "fp8_e4m3fn") == 0x3F7FFFC0
+    assert _vector("cdna3", a, b, -(2.0**-30), "fp8_e4m3fnuz") == 0x3F7FFFC0
+    single = mpt.get_mma_model("cdna4").configure(accumulation="cdna3_fp8_single_group")
+    assert _vector(single, a, b, -(2.0**-30), "fp8_e4m3fn") == 0x3F7FFFBF
+    assert mpt.get_mma_model("mi355x").choice("accumulation") == "cdna3"
+
+
+def test_several_nans_is_a_parameter():
+    """Two NaN inputs, fp16 0x7C01 at k = 0 and 0x7C02 at k = 1: "first" gives the payload of
+    a_0 (0x7FC02000), "last" that of a_1 (0x7FC04000); a NaN c comes first of all."""
+    a, b = [Bits(0x7C01), Bits(0x7C02)], [1.0, 1.0]
+    for model in ("cdna1", "cdna2", "cdna3"):
+        last = mpt.get_mma_model(model).configure(several_nans="last")
+        assert _vector(model, a, b, 0.0, "fp16") == 0x7FC02000
+        assert _vector(last, a, b, 0.0, "fp16") == 0x7FC04000
+        assert _vector(model, a, b, Bits(0x7F800123), "fp16") == 0x7FC00123
+        assert _vector(last, a, b, Bits(0x7F800123), "fp16") == 0x7FC04000
+    with pytest.raises(ValueError, match="several_nans must be one of 'first', 'last'"):
+        mpt.get_mma_model("cdna3").configure(several_nans="middle")
 
 
 def test_fnuz_nan_and_cdna4_nan():
     """FNUZ's only NaN 0x80 comes out as 0x7FC00001 (MMA-Sim's conversion); OCP e4m3fn's NaN
     0x7F as 0x7FF00000 (its fraction 111 on top); an E8M0 NaN scale as 0x7FC00000."""
-    assert _fp8([Bits(0x80)], [1.0], 0.0) == 0x7FC00001
-    assert _fp8([Bits(0x7F)], [1.0], 0.0, "fp8_e4m3fn", "fp8_e4m3fn", "cdna4") == 0x7FF00000
-    v = default_variant("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", scaled=True)
-    ones = np.array([_bits_of([1.0] * 3, "fp8_e4m3fn")], np.uint64)
-    d = _run(v, ones, ones.T, np.zeros((1, 1), np.uint64), "fp8_e4m3fn", "fp8_e4m3fn",
-             [[0xFF]], [[127]])
-    assert int(d[0, 0]) == 0x7FC00000
+    assert _vector("cdna3", [Bits(0x80)], [1.0], 0.0, "fp8_e4m3fnuz") == 0x7FC00001
+    assert _vector("cdna4", [Bits(0x7F)], [1.0], 0.0, "fp8_e4m3fn") == 0x7FF00000
+    assert _vector("cdna4", [1.0] * 3, [1.0] * 3, 0.0, "fp8_e4m3fn", scale_a=[0xFF],
+                   scale_b=[127]) == 0x7FC00000
 
 
 def test_cdna4_scales_are_exponent_adds():
     """Assumption "cdna3": scales 2^3 and 2^-1 multiply every product of their block by 2^2:
     [1, 1.5] · [1, 1] -> 4·2.5 = 10 (0x41200000); a product pushed past 2^128 by its scales
-    (2^127·2^127) is Inf."""
-    v = default_variant("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", scaled=True)
-    a = np.array([_bits_of([1.0, 1.5], "fp8_e4m3fn")], np.uint64)
-    b = np.array([_bits_of([1.0, 1.0], "fp8_e4m3fn")], np.uint64).T
-    c = np.zeros((1, 1), np.uint64)
-    assert int(_run(v, a, b, c, "fp8_e4m3fn", "fp8_e4m3fn", [[130]], [[126]])[0, 0]) == 0x41200000
-    assert int(_run(v, a, b, c, "fp8_e4m3fn", "fp8_e4m3fn", [[254]], [[254]])[0, 0]) == 0x7F800000
+    (2^127·2^127) is Inf. The scales select the v_mfma_scale instruction."""
+    a, b = [1.0, 1.5], [1.0, 1.0]
+    assert _vector("cdna4", a, b, 0.0, "fp8_e4m3fn", scale_a=[130], scale_b=[126]) == 0x41200000
+    assert _vector("cdna4", a, b, 0.0, "fp8_e4m3fn", scale_a=[254], scale_b=[254]) == 0x7F800000
+    model = mpt.get_mma_model("cdna4")
+    assert model.config("fp4_e2m1fn", "fp6_e2m3fn", scaled=True).variant == \
+        "v_mfma_scale_f32_32x32x64_f8f6f4"
 
 
-# ---- chaining and padding -----------------------------------------------------------------------
+# ---- chaining, padding and the software around the instructions ----------------------------------
 
 def test_padding_turns_negative_zero_positive():
     """bf16 -2^-100 · 2^-60 = -2^-160 rounds (toward -inf at 2^-157, then RNE) to -0 in its group.
     K = 8 on the K=8 instruction: D = -0 (0x80000000). On the K=16 instruction software pads 8
     zeros, whose group adds +0 products to c = -0: +0."""
     a, b = [-(2.0**-100)] + [0.0] * 7, [2.0**-60] + [0.0] * 7
-    assert _vector("cdna3", a, b, 0.0, "bf16", "v_mfma_f32_32x32x8_bf16") == 0x80000000
-    assert _vector("cdna3", a, b, 0.0, "bf16", "v_mfma_f32_16x16x16_bf16") == 0x00000000
+    assert _vector("cdna3", a, b, 0.0, "bf16") == 0x80000000
+    assert _vector("cdna3", a, b, 0.0, "bf16", variant="v_mfma_f32_16x16x16_bf16") == 0x00000000
 
 
 def test_cdna2_flushes_c_at_each_instruction():
@@ -362,113 +413,231 @@ def test_cdna2_flushes_c_at_each_instruction():
     a = [2.0**-63, 0, 0, 0] + [-(2.0**-70)] * 4
     b = [2.0**-63, 0, 0, 0] + [2.0**-70] * 4
     c = -1.5 * P126
-    assert _vector("cdna2", a, b, c, "bf16", "v_mfma_f32_32x32x8bf16_1k") == 0x80000000
-    assert _vector("cdna2", a, b, c, "bf16", "v_mfma_f32_32x32x4bf16_1k") == 0x00000000
+    assert _vector("cdna2", a, b, c, "bf16") == 0x80000000
+    assert _vector("cdna2", a, b, c, "bf16", variant="v_mfma_f32_32x32x4bf16_1k") == 0x00000000
 
 
-@pytest.mark.parametrize("model, fmt", [("cdna1", "fp16"), ("cdna2", "bf16"), ("cdna3", "fp16"),
-                                        ("cdna3", "tf32"), ("cdna3", "fp8_e4m3fnuz"),
-                                        ("cdna3", "fp32"), ("cdna3", "fp64"),
-                                        ("cdna4", "fp4_e2m1fn")])
-def test_chain_in_pieces_equals_one_chain(model, fmt):
-    """A chain over K = 3 instructions and a bit, run in one call or one call per instruction
-    (D fed back as C), gives the same bits, and equals the oracle."""
-    rng = np.random.default_rng(11)
-    v = default_variant(model, fmt, fmt)
-    k = 3 * v.k + 5
+CHAINS = [("cdna1", "fp16"), ("cdna2", "bf16"), ("cdna3", "fp16"), ("cdna3", "tf32"),
+          ("cdna3", "fp8_e4m3fnuz"), ("cdna3", "fp32"), ("cdna3", "fp64"), ("cdna4", "fp4_e2m1fn")]
+
+
+def _chain_inputs(model, fmt, seed=11):
+    rng = np.random.default_rng(seed)
+    cfg = mpt.get_mma_model(model).config(fmt, fmt)
+    k = 3 * cfg.block + 5
     bias = get_format("fp32" if fmt == "tf32" else fmt).bias
+    out = cfg.outputs[0][0]
     a = _patterns(rng, fmt, (2, k), bias, (0.1, 0.9, 0.0))
     b = _patterns(rng, fmt, (k, 3), bias, (0.1, 0.9, 0.0))
-    c = _patterns(rng, v.output, (2, 3), get_format(v.output).bias, (0.0, 1.0, 0.0))
-    whole = _run(v, a, b, c, fmt, fmt)
-    pieces = _run(v, a, b, c, fmt, fmt, steps=range(v.k, k, v.k))
-    assert np.array_equal(whole, pieces)
-    assert whole.tolist() == mfma_reference(a.tolist(), b.tolist(), c.tolist(), v.as_dict(),
-                                            fmt, fmt)
+    c = _patterns(rng, out, (2, 3), get_format(out).bias, (0.0, 1.0, 0.0))
+    return cfg, a, b, c
 
 
-@pytest.mark.parametrize("model, fmt", [("cdna3", "fp16"), ("cdna3", "bf16"), ("cdna3", "tf32"),
-                                        ("cdna3", "fp8_e4m3fnuz"), ("cdna4", "fp8_e5m2")])
-def test_register_blocked_path_equals_general_path(model, fmt):
+@pytest.mark.parametrize("model, fmt", CHAINS)
+def test_chain_in_pieces_equals_one_chain(model, fmt):
+    """K = 3 instructions and a bit: one mpt.mma call, or one call per instruction with D fed
+    back as C, give the same bits, and equal the oracle."""
+    cfg, a, b, c = _chain_inputs(model, fmt)
+    m = mpt.get_mma_model(model)
+    whole = _run(m, cfg, a, b, c, fmt, fmt)
+    d = c
+    for k0 in range(0, a.shape[1], cfg.block):
+        d = _run(m, cfg, a[:, k0:k0 + cfg.block], b[k0:k0 + cfg.block], d, fmt, fmt)
+    assert np.array_equal(whole, d)
+    assert whole.tolist() == mfma_reference(a.tolist(), b.tolist(), c.tolist(),
+                                            _oracle_variant(cfg, m), fmt, fmt)
+
+
+@pytest.mark.parametrize("model, fmt", CHAINS)
+def test_gemm_split_k_is_chunks_of_whole_instructions(model, fmt):
+    """mpt.gemm with split_k=2: chunks of ceil(K/2) rounded up to the instruction's K, each an
+    mma chain from +0 (c in the first), added in chunk order in the accumulator's format."""
+    cfg, a, b, c = _chain_inputs(model, fmt, seed=12)
+    m = mpt.get_mma_model(model)
+    step = -(-(-(-a.shape[1] // 2)) // cfg.block) * cfg.block
+    assert step % cfg.block == 0
+    zero = np.zeros_like(c)
+    first = _array(_run(m, cfg, a[:, :step], b[:step], c, fmt, fmt), cfg.outputs[0][0])
+    second = _array(_run(m, cfg, a[:, step:], b[step:], zero, fmt, fmt), cfg.outputs[0][0])
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = _bits(first + second)
+    assert np.array_equal(_run(m, cfg, a, b, c, fmt, fmt, fn=mpt.gemm, split_k=2), want)
+    assert np.array_equal(_run(m, cfg, a, b, c, fmt, fmt, fn=mpt.gemm),
+                          _run(m, cfg, a, b, c, fmt, fmt))
+
+
+def test_gemm_promotion_on_fnuz_fp8():
+    """promote_every must be a multiple of the instruction's K (16 for the default CDNA3 fp8
+    instruction); with 32, each 32 products run from +0 and are fused into an FP32 register."""
+    rng = np.random.default_rng(3)
+    x = mpt.round(rng.standard_normal((3, 96)).astype(np.float32), "fp8_e4m3fnuz")
+    y = mpt.round(rng.standard_normal((96, 4)).astype(np.float32), "fp8_e4m3fnuz")
+    with pytest.raises(ValueError, match="promote_every must be a multiple of the model's block "
+                                         "of 16"):
+        mpt.gemm(x, y, model="cdna3", promote_every=8)
+    register = np.full((3, 4), -0.0, np.float32)
+    for g in range(0, 96, 32):
+        part = mpt.mma(x[:, g:g + 32], y[g:g + 32], model="cdna3")
+        register = part + register                   # fma(1, partial, register): one RNE add
+    assert np.array_equal(mpt.gemm(x, y, model="cdna3", promote_every=32).view(np.uint32),
+                          register.view(np.uint32))
+
+
+def test_fp64_outputs_and_gemm():
+    """f64 instructions output FP64 (float64, c of float64); gemm accumulates in FP64 and refuses
+    FP32 outputs, promotion and software scales there."""
+    rng = np.random.default_rng(4)
+    a, b = rng.standard_normal((3, 9)), rng.standard_normal((9, 2))
+    d = mpt.mma(a, b, model="cdna3")
+    assert d.dtype == np.float64
+    ref = mfma_reference(_bits(a).tolist(), _bits(b).tolist(), [[0] * 2] * 3,
+                         _oracle_variant(mpt.get_mma_model("cdna3").config("fp64", "fp64"),
+                                         mpt.get_mma_model("cdna3")), "fp64", "fp64")
+    assert _bits(d).tolist() == ref
+    assert np.array_equal(mpt.gemm(a, b, model="mi250x").view(np.uint64), d.view(np.uint64))
+    halves = mpt.mma(a[:, :8], b[:8], model="cdna3") + mpt.mma(a[:, 8:], b[8:], model="cdna3")
+    assert np.array_equal(mpt.gemm(a, b, model="cdna3", split_k=2).view(np.uint64),
+                          halves.view(np.uint64))
+    with pytest.raises(ValueError, match="an FP64 accumulator .* takes out_format 'fp64'"):
+        mpt.gemm(a, b, model="cdna3", out_format="fp32")
+    with pytest.raises(ValueError, match="no promote_every or software scales"):
+        mpt.gemm(a, b, model="cdna3", scale_a=2.0)
+    with pytest.raises(TypeError, match="c must be float64 for fp64 output"):
+        mpt.mma(a, b, np.zeros((3, 2), np.float32), model="cdna3")
+
+
+def test_block_scales_through_gemm():
+    """E8M0 scale_a/scale_b reach the instruction (v_mfma_scale) through mpt.gemm too, split-K
+    included; float32 scales stay software scales on the unscaled instruction; bad shapes and
+    mixed kinds are refused by name."""
+    rng = np.random.default_rng(6)
+    a = mpt.round(rng.standard_normal((2, 100)).astype(np.float32), "fp4_e2m1fn")
+    b = mpt.round(rng.standard_normal((100, 3)).astype(np.float32), "fp6_e2m3fn")
+    sa = rng.integers(120, 135, (2, 4)).astype(np.uint8)
+    sb = rng.integers(120, 135, (4, 3)).astype(np.uint8)
+    d = mpt.mma(a, b, model="cdna4", scale_a=sa, scale_b=sb)
+    assert np.array_equal(mpt.gemm(a, b, model="cdna4", scale_a=sa, scale_b=sb).view(np.uint32),
+                          d.view(np.uint32))
+    unscaled = mpt.mma(a, b, model="cdna4")
+    assert not np.array_equal(d.view(np.uint32), unscaled.view(np.uint32))
+    e8m0 = get_format("e8m0").dtype
+    assert np.array_equal(mpt.mma(a, b, model="cdna4", scale_a=sa.view(e8m0),
+                                  scale_b=sb.view(e8m0)).view(np.uint32), d.view(np.uint32))
+    soft = mpt.gemm(a, b, model="cdna4", scale_a=2.0, scale_b=0.5)
+    assert np.array_equal(soft.view(np.uint32), unscaled.view(np.uint32))   # alpha = 1 exactly
+    with pytest.raises(ValueError, match=r"scale_a must have shape \(2, 4\)"):
+        mpt.mma(a, b, model="cdna4", scale_a=sa[:, :3], scale_b=sb)
+    with pytest.raises(TypeError, match="must both be E8M0 block scales"):
+        mpt.gemm(a, b, model="cdna4", scale_a=sa, scale_b=np.float32(1))
+    with pytest.raises(ValueError, match="model 'cdna3' takes no block scales"):
+        mpt.mma(a.astype(np.float16), b.astype(np.float16), model="cdna3", scale_a=sa,
+                scale_b=sb)
+
+
+def test_register_blocked_path_equals_general_path():
     """Moderate finite operands take the packed kernel; the same call with one Inf (FNUZ: NaN)
     in A takes the general one; the other batch elements' bits agree (tile edges, batches)."""
     rng = np.random.default_rng(5)
-    v = default_variant(model, fmt, fmt)
-    dtype = get_format(fmt).dtype if fmt != "tf32" else np.float32
-    for m, k, n in [(37, 70, 45), (9, 16, 70)]:
-        a = (rng.standard_normal((2, m, k)) * 4).astype(np.float32).astype(dtype)
-        b = rng.standard_normal((1, k, n)).astype(np.float32).astype(dtype)
-        c = rng.standard_normal((2, m, n)).astype(np.float32)
-        ia, ib = np.arange(2), np.zeros(2, np.int64)
-        fast = MFMAOperands(v, a, b, ia, ib, fmt, fmt)
-        spoiled_a = a.copy()
-        spoiled_a[1, 0, 0] = np.nan if "fnuz" in fmt else np.inf
-        slow = MFMAOperands(v, spoiled_a, b, ia, ib, fmt, fmt)
-        assert fast.packed and not slow.packed
-        results = []
-        for ops in (fast, slow):
-            acc = ops.new_acc(c)
-            ops.chain(acc, 0, k)
-            results.append(ops.values(acc)[0].view(np.uint32))
-        assert np.array_equal(results[0], results[1])
+    for model, fmt in [("cdna3", "fp16"), ("cdna3", "bf16"), ("cdna3", "tf32"),
+                       ("cdna3", "fp8_e4m3fnuz"), ("cdna4", "fp8_e5m2")]:
+        m_ = mpt.get_mma_model(model)
+        cfg = m_.config(fmt, fmt)
+        dtype = get_format(fmt).dtype if fmt != "tf32" else np.float32
+        for m, k, n in [(37, 70, 45), (9, 16, 70)]:
+            a = (rng.standard_normal((2, m, k)) * 4).astype(np.float32).astype(dtype)
+            b = rng.standard_normal((1, k, n)).astype(np.float32).astype(dtype)
+            c = rng.standard_normal((2, m, n)).astype(np.float32)
+            spoiled = a.copy()
+            spoiled[1, 0, 0] = np.nan if "fnuz" in fmt else np.inf
+            results = []
+            for x in (a, spoiled):
+                ops = MFMAOperands(m_, cfg, x, b, (fmt, fmt), "fp32", (2,))
+                assert bool(ops.rows) == (x is a)
+                acc = ops.new_acc(c)
+                ops.chain(acc, 0, k)
+                results.append(ops.values(acc)[0].view(np.uint32))
+            assert np.array_equal(results[0], results[1])
+            assert np.array_equal(results[0], mpt.mma(a, b, c, model=model, in_format=fmt)[0]
+                                  .view(np.uint32))
 
 
 def test_thread_count_does_not_change_bits():
     import numba
     rng = np.random.default_rng(3)
-    outs = []
-    for fmt in ("fp16", "fp8_e4m3fnuz"):
-        v = default_variant("cdna3", fmt, fmt)
-        a = (rng.standard_normal((1, 70, 130)) * 8).astype(np.float32).astype(get_format(fmt).dtype)
-        b = rng.standard_normal((1, 130, 150)).astype(np.float32).astype(get_format(fmt).dtype)
+    for fmt in ("fp16", "fp8_e4m3fnuz", "bf16"):
+        dtype = get_format(fmt).dtype
+        a = (rng.standard_normal((70, 130)) * 8).astype(np.float32).astype(dtype)
+        b = rng.standard_normal((130, 150)).astype(np.float32).astype(dtype)
+        a[0, 0] = np.nan if "fnuz" in fmt else np.inf          # the general kernel as well
+        outs = []
         for threads in (1, 2):
             numba.set_num_threads(threads)
             try:
-                ops = MFMAOperands(v, a, b, np.zeros(1, np.int64), np.zeros(1, np.int64), fmt, fmt)
-                acc = ops.new_acc()
-                ops.chain(acc, 0, 130)
-                outs.append(ops.values(acc).view(np.uint32))
+                model = "cdna2" if fmt == "bf16" else "cdna3"
+                outs.append(mpt.mma(a, b, model=model).view(np.uint32))
+                outs.append(mpt.mma(a[1:], b, model=model).view(np.uint32))
             finally:
                 numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        assert np.array_equal(outs[-2], outs[-1])
+        assert np.array_equal(outs[0], outs[2]) and np.array_equal(outs[1], outs[3])
 
 
-# ---- the variant table --------------------------------------------------------------------------
+# ---- the models as data ---------------------------------------------------------------------------
 
 def test_models_aliases_and_evidence():
     for alias, name in [("mi100", "cdna1"), ("MI250X", "cdna2"), ("mi210", "cdna2"),
                         ("mi300x", "cdna3"), ("mi325x", "cdna3"), ("mi355x", "cdna4")]:
-        assert get_mfma_model(alias).name == name
-    assert [m.evidence for m in MFMA_MODELS.values()] == ["reference model"] * 3 + ["assumption"]
-    assert MFMA_MODELS["cdna4"].accumulation == "cdna3"
-    with pytest.raises(ValueError, match="valid models: cdna1 \\(mi100\\)"):
-        get_mfma_model("mi400")
+        assert mpt.get_mma_model(alias).name == name
+    assert [mpt.get_mma_model(m).evidence for m in AMD] == ["reference model"] * 3 + ["assumption"]
+    assert [a.name for a in mpt.get_mma_model("cdna4").assumptions] == ["several_nans",
+                                                                        "accumulation"]
+    assert all(a.name == "several_nans" for m in AMD[:3]
+               for a in mpt.get_mma_model(m).assumptions)
     with pytest.raises(ValueError, match="does not take inputs \\(fp16, bf16\\)"):
-        default_variant("cdna3", "fp16", "bf16")
-    with pytest.raises(ValueError, match="accumulation must be one of \\['cdna3'\\]"):
-        default_variant("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", accumulation="exact")
-    with pytest.raises(ValueError, match="has no assumed accumulation"):
-        default_variant("cdna3", "fp16", "fp16", accumulation="cdna3")
-    assert default_variant("cdna4", "fp4_e2m1fn", "fp6_e2m3fn", scaled=True,
-                           accumulation="cdna3").name == "v_mfma_scale_f32_16x16x128_f8f6f4"
-    with pytest.raises(ValueError, match="has no instruction"):
-        default_variant("cdna3", "fp16", "fp16", instruction="v_mfma_f32_32x32x8f16")
+        mpt.mma(np.ones((1, 8), np.float16), np.ones((8, 1), get_format("bf16").dtype),
+                model="cdna3")
+    with pytest.raises(ValueError, match="model 'cdna3' has no assumption 'accumulation'"):
+        mpt.get_mma_model("cdna3").configure(accumulation="cdna3")
+    with pytest.raises(ValueError, match="variant must be one of"):
+        mpt.mma(np.ones((1, 8), np.float16), np.ones((8, 1), np.float16), model="cdna3",
+                variant="v_mfma_f32_32x32x8f16")
+    assert "tf32" not in mpt.get_mma_model("cdna4").input_formats   # gfx950 dropped xf32
 
 
-@pytest.mark.parametrize("model, fmt, instruction, k, group", [
-    ("cdna1", "fp16", "v_mfma_f32_16x16x16f16", 16, 4),
-    ("cdna1", "bf16", "v_mfma_f32_16x16x8bf16", 8, 2),
-    ("cdna2", "bf16", "v_mfma_f32_16x16x16bf16_1k", 16, 4),
-    ("cdna2", "fp64", "v_mfma_f64_16x16x4f64", 4, 1),
-    ("cdna3", "fp16", "v_mfma_f32_16x16x16_f16", 16, 8),
-    ("cdna3", "tf32", "v_mfma_f32_16x16x8_xf32", 8, 4),
-    ("cdna3", "fp8_e5m2fnuz", "v_mfma_f32_16x16x32_fp8_fp8", 32, 16),
-    ("cdna4", "fp8_e4m3fn", "v_mfma_f32_16x16x32_fp8_fp8", 32, 16),
+@pytest.mark.parametrize("model, fa, fb, variant, k, group", [
+    ("cdna1", "fp16", "fp16", "v_mfma_f32_32x32x8f16", 8, 4),
+    ("cdna1", "bf16", "bf16", "v_mfma_f32_32x32x4bf16", 4, 2),
+    ("cdna1", "fp32", "fp32", "v_mfma_f32_32x32x2f32", 2, 1),
+    ("cdna2", "bf16", "bf16", "v_mfma_f32_32x32x8bf16_1k", 8, 4),
+    ("cdna2", "fp64", "fp64", "v_mfma_f64_16x16x4f64", 4, 1),
+    ("cdna3", "fp16", "fp16", "v_mfma_f32_32x32x8_f16", 8, 8),
+    ("cdna3", "tf32", "tf32", "v_mfma_f32_32x32x4_xf32", 4, 4),
+    ("cdna3", "fp8_e5m2fnuz", "fp8_e4m3fnuz", "v_mfma_f32_32x32x16_fp8_fp8", 16, 16),
+    ("cdna4", "fp16", "fp16", "v_mfma_f32_32x32x16_f16", 16, 8),
+    ("cdna4", "fp8_e4m3fn", "fp8_e4m3fn", "v_mfma_f32_32x32x16_fp8_fp8", 16, 16),
+    ("cdna4", "fp4_e2m1fn", "fp4_e2m1fn", "v_mfma_f32_32x32x64_f8f6f4", 64, 16),
 ])
-def test_default_variants(model, fmt, instruction, k, group):
-    v = default_variant(model, fmt, fmt)
-    assert (v.name, v.k, v.group) == (instruction, k, group)
-    assert v.flush == (model == "cdna2" and fmt in ("fp16", "bf16"))
+def test_default_variants(model, fa, fb, variant, k, group):
+    """The default: Triton's AMD backend's pick for a tile of at least 32x32 (mpt.engines.amd)."""
+    cfg = mpt.get_mma_model(model).config(fa, fb)
+    assert (cfg.variant, cfg.block, cfg.param("group")) == (variant, k, group)
+    assert cfg.param("flush") == (model == "cdna2" and fa in ("fp16", "bf16"))
+
+
+def test_bad_configurations_are_refused():
+    from mpt.engines.model import MMAConfig, MMAModel
+
+    def model(**params):
+        p = {"rule": "pairwise", "group": 4, "flush": False, **params}
+        return MMAModel("x", "mfma", "", (MMAConfig(("fp16",), "x", 8, None,
+                                                    (("fp32", "rne_fp32", None),),
+                                                    params=tuple(p.items())),))
+    with pytest.raises(ValueError, match="pairwise groups of 2 or 4"):
+        model(group=8)
+    with pytest.raises(ValueError, match="rule of an MFMA model must be one of"):
+        model(rule="tree")
+    with pytest.raises(ValueError, match="scale_block must be 32"):
+        model(scale_block=32)
+    assert model().config("fp16", "fp16").block == 8
 
 
 # ---- MMA-Sim's own outputs --------------------------------------------------------------------
@@ -479,22 +648,18 @@ def test_agrees_with_mmasim_outputs():
     for CDNA3 f16, bf16 (K=16 and K=4), xf32 (K=8 and K=4), FNUZ fp8 in all four pairings, f32
     and f64, and CDNA1/CDNA2 f32 and CDNA2 f64, the first 4 rows of 5 instructions per variant
     on random bit patterns (moderate, near-cancelling with specials, huge, tiny). Every output
-    equals ours bit for bit, except NaNs with several possible sources (two NaN inputs, or a NaN
-    input and an Inf that makes a NaN of its own), where IEEE leaves the payload open and
-    MMA-Sim's choice follows its host's summation order (``mpt.reference.mfma``'s docstring)."""
+    equals mpt.mma's bit for bit, except NaNs with several possible sources (two NaN inputs, or a
+    NaN input and an Inf that makes a NaN of its own), where IEEE leaves the payload open and
+    MMA-Sim's choice follows its host's summation order (the assumption ``several_nans``)."""
     path = pathlib.Path(__file__).parent / "data" / "mmasim_mfma.npz"
     data = np.load(path, allow_pickle=False)
     equal = several = 0
     for v_i, meta in enumerate(data["meta"]):
         arch, q, fa, fb, fo = str(meta).split("|")
-        v = default_variant(arch.lower(), fa, fb, instruction="v_mfma_" + q)
+        model = mpt.get_mma_model(arch.lower())
+        cfg, = [c for c in model.configs if "v_mfma_" + q in c.instruction.split(", ")]
         a, b, c, want = (data[f"{v_i}_{x}"] for x in "abcd")
-        reps = a.shape[0]
-        ops = MFMAOperands(v, _array(a, fa), _array(b, fb), np.arange(reps), np.arange(reps),
-                           fa, fb)
-        acc = ops.new_acc(_array(c, fo))
-        ops.chain(acc, 0, a.shape[2])
-        got = ops.values(acc).view(np.uint64 if fo == "fp64" else np.uint32).astype(np.uint64)
+        got = _run(model, cfg, a, b, c, fa, fb)
         va, vb, vc = decode(_array(a, fa), fa), decode(_array(b, fb), fb), decode(_array(c, fo), fo)
         for r, i, j in zip(*np.nonzero(got != want)):
             inputs = np.concatenate([va[r, i], vb[r, :, j], vc[r, i, j:j + 1]])
@@ -505,15 +670,3 @@ def test_agrees_with_mmasim_outputs():
             several += 1
         equal += int((got == want).sum())
     assert (equal, several) == (4632, 328)
-
-
-def test_operands_reject_bad_variants_and_scales():
-    from mpt.kernels.mfma_variants import MFMAVariant
-    a, b, z = np.ones((1, 2, 4), np.float16), np.ones((1, 4, 2), np.float16), np.zeros(1, np.int64)
-    with pytest.raises(ValueError, match="pairwise groups of 2 or 4"):
-        MFMAOperands(MFMAVariant(("x",), 8, "pairwise", 8, ("fp16",)), a, b, z, z, "fp16", "fp16")
-    with pytest.raises(ValueError, match="k a multiple of the group"):
-        MFMAOperands(MFMAVariant(("x",), 6, "fused", 4, ("fp16",)), a, b, z, z, "fp16", "fp16")
-    with pytest.raises(ValueError, match="only with a scaled variant"):
-        MFMAOperands(default_variant("cdna3", "fp16", "fp16"), a, b, z, z, "fp16", "fp16",
-                     np.full((1, 2, 1), 127, np.uint8), np.full((1, 1, 2), 127, np.uint8))

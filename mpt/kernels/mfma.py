@@ -3,14 +3,15 @@
 The rules are ``mpt.reference.mfma``'s (its docstring states each one, with its source: the
 MMA-Sim reference model, and for CDNA4 an assumption); that module is the oracle these kernels
 are checked against bit for bit (tests/test_mfma.py), and MMA-Sim itself where its code runs.
-Variants (K per instruction, group size, rule) are ``mpt.kernels.mfma_variants``.
+The instruction variants (K per instruction, group size, rule) and the operand class that drives
+these kernels are in ``mpt.engines.amd``.
 
 Conventions, as ``mpt.kernels.mma``: operands are decoded once by :func:`decode` to float32
 values (float64 for f64 instructions) with every NaN already in the quiet form it comes out as;
 a: (Ba, M, K), b: (Bb, K, N), batch z uses A[ia[z]] and B[ib[z]]; the accumulator acc (B, M, N)
 holds C on entry and D on exit, updated in place over k in [k0, k1), group by group and
 instruction by instruction in increasing k (the D of one is the C of the next). k0 and k1 are
-multiples of the instruction's K: :class:`MFMAOperands` zero-pads K (the padding is computed
+multiples of the instruction's K: ``mpt.engines.amd`` zero-pads K (the padding is computed
 like any other zeros, as the hardware would compute the zeros software pads with). Each output
 element is computed by one thread in a fixed order, so the bits never depend on the threads.
 
@@ -33,9 +34,10 @@ exact; each truncated term is an integer below 2^26 (|p| < 4·2^e <= 4E), a grou
 2^30; s = floor(S·2^(E-M+7)) < 2^37 and t = floor(c·2^(24-M)) < 2^25 are exact floors, and
 (s + 2^7·t)·2^(M-31) < 2^38·2^(M-31) is exact, so ``np.float32`` of it is the one RNE rounding.
 
-NaN bits are the oracle's: a NaN result takes the first NaN among the group's operands in the
-order c, a_0, b_0, a_1, b_1, … (copied, never computed, so the payload survives), else the made
-NaN (``DEFAULT_NAN32``/``DEFAULT_NAN64``, or ``BIG_NAN32`` for the 2^128 rule).
+NaN bits are the oracle's: a NaN result takes the first (``last``: the last) NaN among the
+group's operands in the order c, a_0, b_0, a_1, b_1, … (copied, never computed, so the payload
+survives), else the made NaN (``DEFAULT_NAN32``/``DEFAULT_NAN64``, or ``BIG_NAN32`` for the
+2^128 rule). Which of several NaNs is an assumption (``several_nans`` of the AMD models).
 """
 from __future__ import annotations
 
@@ -47,11 +49,11 @@ from numba.core.extending import intrinsic, overload
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.fma import fma32, fma64
-from mpt.kernels.mma import _pow2_floor, _recip_pow2, magnitude_range
+from mpt.kernels.mma import magnitude_range, pow2_floor, recip_pow2
 
 __all__ = ["DEFAULT_NAN32", "DEFAULT_NAN64", "BIG_NAN32", "decode", "decode_scales",
            "fma_chain", "pairwise_chain", "fused_chain", "fused_chain_packed", "packed_ok",
-           "MFMAOperands"]
+           "nominals", "ROWS", "MX_BLOCK"]
 
 #: The NaN the arithmetic makes (Inf·0, Inf − Inf): x86's default NaN, as MMA-Sim gives it.
 DEFAULT_NAN32 = np.array([0xFFC00000], np.uint32).view(np.float32)
@@ -59,9 +61,9 @@ DEFAULT_NAN64 = np.array([0xFFF8000000000000], np.uint64).view(np.float64)
 #: The NaN of the 2^128 rule when both signs overflow (MMA-Sim's ``float("nan")``).
 BIG_NAN32 = np.array([0x7FC00000], np.uint32).view(np.float32)
 
-_MX_BLOCK = 32
+MX_BLOCK = 32                 # k per E8M0 block scale (OCP MX)
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the packed finish)
-_ROWS = 4                     # tile rows of the packed kernel: 4 x 32 outputs keep E, the scale
+ROWS = 4                      # tile rows of the packed kernel: 4 x 32 outputs keep E, the scale
                               # and S (24 vectors) in the 32 AVX-512 registers; measured faster
                               # than 2, 3, 6 or 8 rows
 # 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
@@ -135,25 +137,45 @@ def _fma_typed(x, y, z):
 
 
 @njit(inline="always")
-def _first_nan(c, a_row, b_mat, j, kb, ke, sa_row, sb_mat, default):
-    """The NaN a group [kb, ke) gives: c if NaN, else the first NaN of a_k (then its scale),
-    b_k (then its scale) for k increasing, else ``default``. sa_row (KB,), sb_mat (KB, N):
+def _nan_of(c, a_row, b_mat, j, kb, ke, sa_row, sb_mat, default, last):
+    """The NaN a group [kb, ke) gives: among its NaN operands in the order c, a_k (then its
+    scale), b_k (then its scale) for k increasing, the first (``last`` False) or the last (the
+    assumption ``several_nans``); ``default`` when none is NaN. sa_row (KB,), sb_mat (KB, N):
     E8M0 scales as float64 powers of two (empty: none); a NaN scale gives 0x7FC00000."""
+    nan = default
     if c != c:
-        return c
+        if not last:
+            return c
+        nan = c
     scaled = sa_row.size > 0
     for k in range(kb, ke):
         x = a_row[k]
         if x != x:
-            return x
-        if scaled and sa_row[k // _MX_BLOCK] != sa_row[k // _MX_BLOCK]:
-            return BIG_NAN32[0]
+            if not last:
+                return x
+            nan = x
+        if scaled and sa_row[k // MX_BLOCK] != sa_row[k // MX_BLOCK]:
+            if not last:
+                return BIG_NAN32[0]
+            nan = BIG_NAN32[0]
         y = b_mat[k, j]
         if y != y:
-            return y
-        if scaled and sb_mat[k // _MX_BLOCK, j] != sb_mat[k // _MX_BLOCK, j]:
-            return BIG_NAN32[0]
-    return default
+            if not last:
+                return y
+            nan = y
+        if scaled and sb_mat[k // MX_BLOCK, j] != sb_mat[k // MX_BLOCK, j]:
+            if not last:
+                return BIG_NAN32[0]
+            nan = BIG_NAN32[0]
+    return nan
+
+
+@njit(inline="always")
+def _nan3(c, x, y, default, last):
+    """:func:`_nan_of` for one product x·y onto c (the FMA rule)."""
+    if last:
+        return y if y != y else (x if x != x else (c if c != c else default))
+    return c if c != c else (x if x != x else (y if y != y else default))
 
 
 @njit(inline="always")
@@ -165,12 +187,13 @@ def _flush(x, flush):
 # ---- sequential FMA ---------------------------------------------------------------------------
 
 @njit(cache=True, parallel=True)
-def fma_chain(a, b, acc, ia, ib, k0, k1, default_nan):
+def fma_chain(a, b, acc, ia, ib, k0, k1, default_nan, last):
     """acc = fma(a_k, b_k, acc) for k in [k0, k1), increasing, one IEEE RNE rounding each.
 
     a (Ba, M, K), b (Bb, K, N), acc (B, M, N): all float32, or all float64 (f64 instructions);
-    default_nan: (1,) array of that dtype. Oracle: ``mpt.reference.mfma`` rule "fma".
-    One task per output row; the second j-loop copies the NaN the rule names over a NaN.
+    default_nan: (1,) array of that dtype; ``last``: which NaN of several (:func:`_nan_of`).
+    Oracle: ``mpt.reference.mfma`` rule "fma". One task per output row; the second j-loop copies
+    the NaN the rule names over a NaN.
     """
     nb, m, n = acc.shape
     for t in prange(nb * m):
@@ -183,8 +206,7 @@ def fma_chain(a, b, acc, ia, ib, k0, k1, default_nan):
                 new[j] = _fma(x, b_k[j], row[j])
             for j in range(n):
                 d, c, y = new[j], row[j], b_k[j]
-                row[j] = d if d == d else (
-                    c if c != c else (x if x != x else (y if y != y else default_nan[0])))
+                row[j] = d if d == d else _nan3(c, x, y, default_nan[0], last)
 
 
 # ---- CDNA1/CDNA2 pairwise tree ----------------------------------------------------------------
@@ -196,7 +218,7 @@ def _leaf(x, y, flush):
 
 
 @njit(cache=True, parallel=True)
-def pairwise_chain(a, b, acc, ia, ib, k0, k1, group, k_inst, flush, default_nan):
+def pairwise_chain(a, b, acc, ia, ib, k0, k1, group, k_inst, flush, default_nan, last):
     """CDNA1/2 f16/bf16: per group of ``group`` (2 or 4) products, acc = acc + tree(products).
 
     a (Ba, M, K), b (Bb, K, N), acc (B, M, N) float32 (``decode``d, flushed inputs on CDNA2);
@@ -227,8 +249,8 @@ def pairwise_chain(a, b, acc, ia, ib, k0, k1, group, k_inst, flush, default_nan)
                     new[j] = _flush(row[j] + _flush(s01 + s23, flush), flush)
             for j in range(n):
                 d = new[j]
-                row[j] = d if d == d else _first_nan(row[j], a_row, b_mat, j, kb, kb + group,
-                                                     empty_row, empty_mat, default_nan[0])
+                row[j] = d if d == d else _nan_of(row[j], a_row, b_mat, j, kb, kb + group,
+                                                  empty_row, empty_mat, default_nan[0], last)
 
 
 # ---- CDNA3 / CDNA4 fused groups: the general path --------------------------------------------
@@ -236,7 +258,7 @@ def pairwise_chain(a, b, acc, ia, ib, k0, k1, group, k_inst, flush, default_nan)
 @njit(inline="always")
 def _nominal(x, emin_pow2):
     """2^e of a finite value: max(2^floor(log2|x|), 2^emin); 2^-126 for a zero."""
-    return max(_pow2_floor(x), emin_pow2) if x != 0.0 else _TINY
+    return max(pow2_floor(x), emin_pow2) if x != 0.0 else _TINY
 
 
 @njit(inline="always")
@@ -248,7 +270,7 @@ def _truncated_sum(a_row, b_mat, j, k_start, k_end, step, emin_a, emin_b, shift)
         e = max(e, _nominal(np.float64(a_row[k]), emin_a) * _nominal(np.float64(b_mat[k, j]),
                                                                         emin_b))
     e *= shift
-    inv = _recip_pow2(e) * 2.0**24
+    inv = recip_pow2(e) * 2.0**24
     s = 0.0
     for k in range(k_start, k_end, step):
         s += np.trunc(np.float64(a_row[k]) * np.float64(b_mat[k, j]) * shift * inv)
@@ -259,22 +281,23 @@ def _truncated_sum(a_row, b_mat, j, k_start, k_end, step, emin_a, emin_b, shift)
 def _finish(c, s, e, drop_far_c):
     """Steps 3-4: re-align S·2^(E-24) and c to M = max(E, e(c)) rounding toward −∞ (31 and 24
     fraction bits), add, RNE to FP32 (+0 for an exact zero). c is a finite float64."""
-    m = max(e, max(_pow2_floor(c), _TINY))
-    r = _recip_pow2(m)
+    m = max(e, max(pow2_floor(c), _TINY))
+    r = recip_pow2(m)
     s31 = np.floor(s * (e * r * 2.0**7))
     t24 = np.floor(c * r * 2.0**24)
-    if drop_far_c and max(_pow2_floor(c), _TINY) * 2.0**25 < m:
+    if drop_far_c and max(pow2_floor(c), _TINY) * 2.0**25 < m:
         t24 = 0.0
     v = (s31 + 2.0**7 * t24) * (m * 2.0**-31)
     return np.float32(v) if v != 0.0 else np.float32(0.0)
 
 
 @njit(inline="always")
-def _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row, sb_mat, default):
+def _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row, sb_mat, default,
+                 last):
     """One group [kb, kb+group) of the fused rule onto c (float32): specials, then the sums."""
     shift = 1.0
     if sa_row.size > 0:
-        shift = sa_row[kb // _MX_BLOCK] * sb_mat[kb // _MX_BLOCK, j]
+        shift = sa_row[kb // MX_BLOCK] * sb_mat[kb // MX_BLOCK, j]
     nan, pos_inf, neg_inf = c != c, c == np.inf, c == -np.inf
     big_pos = big_neg = False
     for k in range(kb, kb + group):
@@ -285,7 +308,7 @@ def _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row, 
         big_pos = big_pos or (p >= 2.0**128 and p < np.inf)
         big_neg = big_neg or (p <= -2.0**128 and p > -np.inf)
     if nan or (pos_inf and neg_inf):
-        return _first_nan(c, a_row, b_mat, j, kb, kb + group, sa_row, sb_mat, default)
+        return _nan_of(c, a_row, b_mat, j, kb, kb + group, sa_row, sb_mat, default, last)
     if pos_inf or neg_inf:
         return np.float32(np.inf) if pos_inf else np.float32(-np.inf)
     if big_pos or big_neg:
@@ -296,7 +319,7 @@ def _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row, 
         s0, e0 = _truncated_sum(a_row, b_mat, j, kb, kb + group, 2, emin_a, emin_b, shift)
         s1, e1 = _truncated_sum(a_row, b_mat, j, kb + 1, kb + group, 2, emin_a, emin_b, shift)
         e = max(e0, e1)
-        r = _recip_pow2(e)
+        r = recip_pow2(e)
         s = np.floor(s0 * (e0 * r)) + np.floor(s1 * (e1 * r))
     else:
         s, e = _truncated_sum(a_row, b_mat, j, kb, kb + group, 1, emin_a, emin_b, shift)
@@ -304,7 +327,8 @@ def _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row, 
 
 
 @njit(cache=True, parallel=True)
-def fused_chain(a, b, acc, ia, ib, k0, k1, group, halves, emin_a, emin_b, sa, sb, default_nan):
+def fused_chain(a, b, acc, ia, ib, k0, k1, group, halves, emin_a, emin_b, sa, sb, default_nan,
+                last):
     """CDNA3/CDNA4 groups of ``group`` products over k in [k0, k1) onto acc, the general path.
 
     a (Ba, M, K), b (Bb, K, N) float32 from :func:`decode`; acc (B, M, N) float32.
@@ -321,7 +345,7 @@ def fused_chain(a, b, acc, ia, ib, k0, k1, group, halves, emin_a, emin_b, sa, sb
             c = acc[z, i, j]
             for kb in range(k0, k1, group):
                 c = _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row,
-                                 sb_mat, default_nan[0])
+                                 sb_mat, default_nan[0], last)
             acc[z, i, j] = c
 
 
@@ -358,9 +382,9 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
     """:func:`_finish` on 8 lanes: c (float64 at c_ptr, in: C, out: D), e (<8 x double> E; below
     2^-126, even 0, only in groups of zero products, where S = 0 and E cannot set M), s (<8 x
     double> S). An Inf or NaN C stays (the products are finite here)."""
-    vfloor = _gemm._vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
-    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
-    vabs = _gemm._vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
+    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
+    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
+    vabs = _gemm.vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
     c = builder.load(c_ptr, align=8)
     floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
                                            _splat(0x7FF0000000000000, _VI64)), _VF64)
@@ -384,33 +408,33 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
 
 
 def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
-    """(E, S) of products k0 .. k0+nk-1 for a _ROWS x COLS tile, in registers (8 vectors
+    """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
     of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on
     float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
     truncating toward zero)."""
-    rows, tiles = _ROWS, _ROWS * _gemm.COLS // (2 * _WIDE)
-    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    vumax = _gemm._vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
+    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
 
     def anchor_step(k, anchor):
         k = builder.add(k, k0)
-        b = _gemm._panel_vectors(builder, pb_addr, k)
-        a = _gemm._panel_splats(builder, pa_addr, k, rows)
+        b = _gemm.panel_vectors(builder, pb_addr, k)
+        a = _gemm.panel_splats(builder, pa_addr, k, rows)
         return [builder.call(vmax, [anchor[i], builder.fmul(a[i // 2], b[i % 2])])
                 for i in range(tiles)]
-    anchor = _gemm._k_loop(builder, nk, [_splat(0.0, _VF32)] * tiles, anchor_step)
+    anchor = _gemm.k_loop(builder, nk, [_splat(0.0, _VF32)] * tiles, anchor_step)
     scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
         vumax, [builder.bitcast(x, _VI32), _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32)
         for x in anchor]
 
     def sum_step(k, total):
         k = builder.add(k, k0)
-        b = _gemm._panel_vectors(builder, vb_addr, k)
-        a = _gemm._panel_splats(builder, va_addr, k, rows)
+        b = _gemm.panel_vectors(builder, vb_addr, k)
+        a = _gemm.panel_splats(builder, va_addr, k, rows)
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
             for i in range(tiles)]
-    return anchor, _gemm._k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+    return anchor, _gemm.k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
 
 
 def _merge_halves(builder, even, odd):
@@ -419,8 +443,8 @@ def _merge_halves(builder, even, odd):
     the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
     same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
     field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
-    vmax = _gemm._vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    vumin = _gemm._vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
     anchor, total = [], []
     for e0, s0, e1, s1 in zip(*even, *odd):
         e = builder.call(vmax, [e0, e1])
@@ -437,17 +461,17 @@ def _merge_halves(builder, even, odd):
 
 
 def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halves):
-    """One group of nk products for a _ROWS x COLS tile at tile_addr (float64, row-major),
+    """One group of nk products for a ROWS x COLS tile at tile_addr (float64, row-major),
     in registers: (E, S) by :func:`_emit_sum` (FP8, ``halves``: of the first and the second
     nk/2 products, the even-k and odd-k ones after :class:`MFMAOperands` reordered K, merged by
     :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
     sums = (va_addr, pa_addr, vb_addr, pb_addr)
     if halves:
-        half = builder.lshr(nk, _gemm._const(1))
-        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, _gemm._const(0), half),
+        half = builder.lshr(nk, _gemm.const(1))
+        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, _gemm.const(0), half),
                                       _emit_sum(builder, *sums, half, half))
     else:
-        anchor, total = _emit_sum(builder, *sums, _gemm._const(0), nk)
+        anchor, total = _emit_sum(builder, *sums, _gemm.const(0), nk)
     base = builder.inttoptr(tile_addr, _F64.as_pointer())
     for i in range(len(anchor)):
         for part in range(2):
@@ -455,7 +479,7 @@ def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halv
                                 list(range(part * _WIDE, (part + 1) * _WIDE)))
             e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes), _VF64)
             s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes), _VF64)
-            c_ptr = builder.bitcast(builder.gep(base, [_gemm._const((2 * i + part) * _WIDE)]),
+            c_ptr = builder.bitcast(builder.gep(base, [_gemm.const((2 * i + part) * _WIDE)]),
                                     _VF64.as_pointer())
             _finish_lanes(builder, c_ptr, e, s, halves)
 
@@ -480,9 +504,9 @@ _group_tile_fp8 = _group_intrinsic(True)
 def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
     """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands.
 
-    vap, pap: (Ba, Mt, K, _ROWS) float32 values and :func:`nominals` of A packed by
+    vap, pap: (Ba, Mt, K, ROWS) float32 values and :func:`nominals` of A packed by
     ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B, Mt, Nt,
-    _ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
+    ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
     registers (:func:`_emit_group`): the anchor pass (E = max of nominal products, from 0: C is
     not in it), the sum pass (int32 Σ trunc(a·b·2^24/E): float32 products of <= 11-bit values
     are exact, |S| < 8·2^26), then the finish in float64. E is floored at 2^-64 for the scale
@@ -492,14 +516,14 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
-    groups = (mt + _gemm._ROW_TILES - 1) // _gemm._ROW_TILES
+    groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, group):
-            for it in range(g * _gemm._ROW_TILES, min(mt, (g + 1) * _gemm._ROW_TILES)):
+            for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
                 args = (acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
                         pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data, pb_p[kb:].ctypes.data,
                         group)
@@ -507,98 +531,3 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
                     _group_tile_fp8(*args)
                 else:
                     _group_tile(*args)
-
-
-# ---- one product, decoded once ------------------------------------------------------------------
-
-class MFMAOperands:
-    """A and B of one product, decoded for one instruction variant, with ``chain(acc, k0, k1)``.
-
-    ``variant``: a ``mpt.kernels.mfma_variants.MFMAVariant`` (or anything with its fields rule,
-    k, group, flush, output). a (Ba, M, K), b (Bb, K, N): arrays of a_format / b_format (float32
-    for tf32; ia, ib map the B batch elements to them); scale_a (Ba, M, ceil(K/32)), scale_b
-    (Bb, ceil(K/32), N): E8M0 patterns (uint8 or float8_e8m0fnu) or None. K is zero-padded to a
-    multiple of the instruction's K (padded scales: 2^0). The accumulator is (B, M, N) float32
-    (float64 for f64), or float64 tiles on the register-blocked path.
-    """
-
-    def __init__(self, variant, a, b, ia, ib, a_format, b_format, scale_a=None, scale_b=None):
-        bad_group = (variant.rule == "pairwise" and variant.group not in (2, 4)) \
-            or (variant.rule == "fused_fp8" and variant.group % 2)
-        if variant.k % variant.group or bad_group:
-            raise ValueError(f"variant {variant.name}: k={variant.k}, group={variant.group} do not "
-                             f"fit rule {variant.rule!r} (k a multiple of the group; pairwise "
-                             "groups of 2 or 4; FP8 groups even)")
-        if (scale_a is None) != (scale_b is None) or (scale_a is not None and not variant.scaled):
-            raise ValueError(f"scale_a and scale_b go together, and only with a scaled variant; "
-                             f"{variant.name} is {'' if variant.scaled else 'not '}scaled")
-        self.variant, self.ia, self.ib = variant, np.ascontiguousarray(ia), np.ascontiguousarray(ib)
-        self.m, self.n, self.k = a.shape[1], b.shape[2], a.shape[2]
-        self.padded = -(-self.k // variant.k) * variant.k
-        flush = variant.flush
-        a = _pad(decode(a, a_format, flush=flush), 2, self.padded, 0.0)
-        b = _pad(decode(b, b_format, flush=flush), 1, self.padded, 0.0)
-        self.dtype = np.float64 if variant.output == "fp64" else np.float32
-        self.default_nan = DEFAULT_NAN64 if self.dtype == np.float64 else DEFAULT_NAN32
-        self.emins = tuple(2.0 ** get_format("fp32" if f == "tf32" else f).emin
-                           for f in (a_format, b_format))
-        blocks = self.padded // _MX_BLOCK if scale_a is not None else 0
-        self.sa = _pad(decode_scales(scale_a), 2, blocks, 1.0) if blocks else np.empty(
-            (a.shape[0], self.m, 0))
-        self.sb = _pad(decode_scales(scale_b), 1, blocks, 1.0) if blocks else np.empty(
-            (b.shape[0], 0, self.n))
-        self.packed = variant.rule in ("fused", "fused_fp8") and self.sa.size == 0 \
-            and packed_ok(a, b)
-        if self.packed:
-            if variant.rule == "fused_fp8":   # each group's even k first, then its odd k
-                order = np.arange(self.padded).reshape(-1, variant.group // 2, 2)
-                order = order.transpose(0, 2, 1).ravel()
-                a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
-            rows = _ROWS
-            pa, pb = np.empty_like(a), np.empty_like(b)
-            nominals(a.ravel(), self.emins[0], pa.ravel())
-            nominals(b.ravel(), self.emins[1], pb.ravel())
-            self.a = (_gemm.pack_rows(a, rows), _gemm.pack_rows(pa, rows))
-            self.b = (_gemm.pack_cols(b), _gemm.pack_cols(pb))
-        else:
-            self.a, self.b = a, b
-
-    def new_acc(self, c=None):
-        """An accumulator holding c ((B, M, N) values of the output format; a NaN quieted) or +0."""
-        acc = np.zeros((self.ia.size, self.m, self.n), self.dtype)
-        if c is not None:
-            acc[:] = decode(c, self.variant.output)
-        return _gemm.pack_tiles(acc, _ROWS) if self.packed else acc
-
-    def chain(self, acc, k0, k1):
-        """Run the instructions over [k0, k1) in place; k0 a multiple of the instruction's K,
-        k1 rounded up to one (the zero padding), at most the padded K."""
-        v = self.variant
-        k1 = min(-(-k1 // v.k) * v.k, self.padded)
-        if self.packed:
-            fused_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, v.group,
-                               v.rule == "fused_fp8")
-        elif v.rule == "fma":
-            fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, self.default_nan)
-        elif v.rule == "pairwise":
-            pairwise_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, v.group, v.k, v.flush,
-                           self.default_nan)
-        else:
-            fused_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, v.group,
-                        v.rule == "fused_fp8", *self.emins, self.sa, self.sb, self.default_nan)
-
-    def values(self, acc):
-        """The accumulator as (B, M, N) values of the output format (NaN payloads exact)."""
-        if self.packed:
-            return np.ascontiguousarray(
-                _gemm.unpack_tiles(acc, _ROWS, self.m, self.n), np.float32)
-        return acc.copy()
-
-
-def _pad(x, axis, size, value):
-    """x zero-padded (with ``value``) along ``axis`` to ``size``."""
-    if x.shape[axis] == size:
-        return x
-    width = [(0, 0)] * x.ndim
-    width[axis] = (0, size - x.shape[axis])
-    return np.pad(x, width, constant_values=value)

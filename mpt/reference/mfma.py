@@ -12,11 +12,12 @@ authors checked bit for bit on MI100, MI250 and MI300 hardware. Where the paper'
 ambiguous its code decides; each such point is marked "(MMA-Sim's code)" below. CDNA4 is an
 assumption (marked so).
 
-An instruction variant is a plain dict (so that this module does not depend on the variant
-table in ``mpt.kernels.mfma_variants``)::
+An instruction variant is a plain dict (so that this module does not depend on the models in
+``mpt.engines.amd``)::
 
     {"rule": "fma" | "pairwise" | "fused" | "fused_fp8", "k": K per instruction,
-     "group": products per group, "flush": CDNA2's subnormal flush (bool), "out": "fp32"|"fp64"}
+     "group": products per group, "flush": CDNA2's subnormal flush (bool), "out": "fp32"|"fp64",
+     "nan": "first" | "last" (which of several NaNs, below; default "first")}
 
 **Chaining and padding.** A dot product of length K runs ceil(K / k) instructions in increasing
 k; the D of one is the C of the next. K that is not a multiple of k is zero-padded (+0 elements;
@@ -81,11 +82,12 @@ Which NaN, bit for bit (no canonical NaN; from MMA-Sim's outputs on its x86 host
       (assumption); fp64 ``bits | 0x0008000000000000``.
     * a NaN made by the arithmetic (Inf·0, Inf − Inf): the x86 default NaN 0xFFC00000
       (FP64 0xFFF8000000000000); the 2^128 rule's NaN: 0x7FC00000 (MMA-Sim's code).
-    * several NaNs (assumption): IEEE leaves the choice open and MMA-Sim's choice is an artifact
-      of its host (the lane order of torch's vectorised sum, the compiler's operand order), so
-      mpt fixes one: the first NaN among the group's operands in the order c, a_0, b_0, a_1, b_1,
-      … (a product's element before its scale); only if no operand is NaN, the made NaN.
-      A NaN accumulator therefore keeps its payload through the rest of the chain.
+    * several NaNs (assumption ``several_nans``): IEEE leaves the choice open and MMA-Sim's
+      choice is an artifact of its host (the lane order of torch's vectorised sum, the
+      compiler's operand order), so it is a parameter: the first ("first", the default) or the
+      last ("last") NaN among the group's operands in the order c, a_0, b_0, a_1, b_1, … (a
+      product's element before its scale); only if no operand is NaN, the made NaN. With
+      "first" a NaN accumulator keeps its payload through the rest of the chain.
 """
 from __future__ import annotations
 
@@ -156,9 +158,11 @@ class _Operand:
         return None
 
 
-def _first_nan(c, pairs, out):
-    """The first NaN among c, a_0, b_0, a_1, b_1, …, or the default (made) NaN."""
-    for x in [c] + [y for pair in pairs for y in pair]:
+def _first_nan(c, pairs, out, last=False):
+    """The first (``last``: the last) NaN among c, a_0, b_0, a_1, b_1, …, or the default (made)
+    NaN."""
+    order = [c] + [y for pair in pairs for y in pair]
+    for x in (reversed(order) if last else order):
         nan = x.nan_bits(out)
         if nan is not None:
             return nan
@@ -171,14 +175,14 @@ def _encode(x: float, out: str) -> int:
 
 # ---- the rules, one group each: (c bits, operand pairs) -> D bits ------------------------------
 
-def _fma_group(c, pairs, out, flush):
+def _fma_group(c, pairs, out, flush, last):
     (a, b), = pairs
     acc = c.value
     if out == "fp32":
         acc = fma32(a.value, b.value, acc)
     else:
         acc = _fma64(a.value, b.value, acc)
-    return _first_nan(c, pairs, out) if math.isnan(acc) else _encode(acc, out)
+    return _first_nan(c, pairs, out, last) if math.isnan(acc) else _encode(acc, out)
 
 
 def _fma64(a, b, c):
@@ -207,14 +211,14 @@ def _tree(values, flush):
     return _flush(add32(_tree(values[:half], flush), _tree(values[half:], flush)), flush)
 
 
-def _pairwise_group(c, pairs, out, flush):
+def _pairwise_group(c, pairs, out, flush, last):
     leaves = [_flush(fma32(a.value, b.value, 0.0), flush) for a, b in pairs]
     acc = _flush(add32(c.value, _tree(leaves, flush)), flush)
-    return _first_nan(c, pairs, out) if math.isnan(acc) else _encode(acc, "fp32")
+    return _first_nan(c, pairs, out, last) if math.isnan(acc) else _encode(acc, "fp32")
 
 
-def _fused_group(c, pairs, out, flush, halves):
-    special = _fused_specials(c, pairs)
+def _fused_group(c, pairs, out, flush, last, halves):
+    special = _fused_specials(c, pairs, last)
     if special is not None:
         return special
     terms = [(Fraction(a.value) * Fraction(b.value) * Fraction(2) ** (a.scale + b.scale),
@@ -243,7 +247,7 @@ def _truncated_sum(terms):
     return sum(math.trunc(p / quantum) for p, _ in terms), e
 
 
-def _fused_specials(c, pairs):
+def _fused_specials(c, pairs, last):
     """D bits when a NaN, an Inf or a product >= 2^128 decides the group; None otherwise."""
     infs, nan = set(), False
     for x in [c] + [y for pair in pairs for y in pair]:
@@ -257,7 +261,7 @@ def _fused_specials(c, pairs):
                 nan = True
             infs.add(math.copysign(1, a.value) * math.copysign(1, b.value))
     if nan or len(infs) == 2:
-        return _first_nan(c, pairs, "fp32")
+        return _first_nan(c, pairs, "fp32", last)
     if infs:
         return _encode(infs.pop() * math.inf, "fp32")
     for a, b in pairs:
@@ -272,8 +276,8 @@ def _fused_specials(c, pairs):
 _GROUP_RULES = {
     "fma": _fma_group,
     "pairwise": _pairwise_group,
-    "fused": lambda c, pairs, out, flush: _fused_group(c, pairs, out, flush, False),
-    "fused_fp8": lambda c, pairs, out, flush: _fused_group(c, pairs, out, flush, True),
+    "fused": lambda *args: _fused_group(*args, halves=False),
+    "fused_fp8": lambda *args: _fused_group(*args, halves=True),
 }
 
 
@@ -289,6 +293,9 @@ def mfma_dot_reference(a_bits, b_bits, c_bits, variant: dict, a_format, b_format
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}; got {rule!r}")
     out, flush = variant.get("out", "fp32"), variant.get("flush", False)
+    if variant.get("nan", "first") not in ("first", "last"):
+        raise ValueError(f"nan must be 'first' or 'last'; got {variant['nan']!r}")
+    last = variant.get("nan") == "last"
     n = len(a_bits)
     padded = -(-n // k_inst) * k_inst
     a_bits, b_bits = list(a_bits) + [0] * (padded - n), list(b_bits) + [0] * (padded - n)
@@ -305,7 +312,7 @@ def mfma_dot_reference(a_bits, b_bits, c_bits, variant: dict, a_format, b_format
                                flush),
                       _Operand(b_bits[k], b_format, None if scale_b is None else scale_b[k // 32],
                                flush)) for k in range(g0, g0 + group)]
-            d = _GROUP_RULES[rule](_Operand(d, out), pairs, out, flush)
+            d = _GROUP_RULES[rule](_Operand(d, out), pairs, out, flush, last)
     return d
 
 
