@@ -251,15 +251,22 @@ def get_mma_model(model) -> MMAModel:
 
 
 def models_table_rows() -> list[tuple[str, ...]]:
-    """Every registered model as table rows (header first): kind, evidence, each configuration's
-    inputs (and variant) with its evidence, assumed rules, aliases — ``mpt models`` and
-    docs/targets.md."""
+    """Every registered model as table rows (header first): kind, evidence, each family of input
+    formats with its evidence (and its number of instruction variants), assumed rules, aliases —
+    ``mpt models`` and docs/targets.md."""
     rows = [("model", "kind", "evidence", "inputs: evidence", "assumptions", "aliases")]
     for m in _MODELS.values():
-        inputs = "; ".join("/".join(c.inputs) + ("" if c.variant == "default" else
-                                                 f" [{c.variant}]") + f": {c.evidence}"
-                           for c in m.configs)
-        assumed = ", ".join(f"{a.name} ({'|'.join(a.choices)})" for a in m.assumptions)
+        groups: dict = {}   # (inputs, evidence) -> variants (instruction variants share a line)
+        for c in m.configs:
+            groups.setdefault(("/".join(c.inputs), c.evidence), []).append(c.variant)
+        inputs = "; ".join(f + (f" ({len(v)} variants)" if len(v) > 1 else "") + f": {e}"
+                           for (f, e), v in groups.items())
+        assumed = ", ".join(f"{a.name} ({_alternatives(a.choices)})" for a in m.assumptions)
         rows.append((m.name, m.kind, m.evidence, inputs, assumed or "-",
                      ", ".join(m.aliases) or "-"))
     return rows
+
+
+def _alternatives(choices) -> str:
+    """'a', 'a or b', 'a, b or c' (the default first)."""
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"
