@@ -581,7 +581,7 @@ def test_thread_count_does_not_change_bits():
         assert np.array_equal(outs[0], outs[2]) and np.array_equal(outs[1], outs[3])
 
 
-# ---- the models as data ---------------------------------------------------------------------------
+# ---- the models as data -----------------------------------------------------------------------
 
 def test_models_aliases_and_evidence():
     for alias, name in [("mi100", "cdna1"), ("MI250X", "cdna2"), ("mi210", "cdna2"),

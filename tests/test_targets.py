@@ -109,7 +109,7 @@ def test_cli_lists_models_and_targets(capsys):
     assert {m["name"]: m["evidence"] for m in models}["volta"] == "hardware-verified"
 
 
-# ---- AMD ------------------------------------------------------------------------------------------
+# ---- AMD --------------------------------------------------------------------------------------
 
 def test_amd_targets_fp8_flavours_and_evidence():
     assert get_target("mi250x").fp8 is None

@@ -12,8 +12,8 @@ the partial accumulator into an FP32 register every ``promote_every`` products (
 NaN results are the canonical NaN (0x7FFFFFFF / 0x7FFF) for models whose hardware returns it
 (NVIDIA); the other models keep the NaN their arithmetic gives (AMD: an input's payload, see
 ``mpt.reference.mfma``); a split-K add of two NaNs keeps the first operand's payload (x86's
-rule, an assumption for the GPU's adds). Oracles: ``mpt.reference.mma`` and ``mpt.reference.mfma`` (exact
-rationals) and the vendored hardware samples.
+rule, an assumption for the GPU's adds). Oracles: ``mpt.reference.mma`` and
+``mpt.reference.mfma`` (exact rationals) and the vendored hardware samples.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""L1: AMD Instinct GPUs as targets: every GEMM on the generation's Matrix Cores (``mpt.engines.amd``)
-— FP32 GEMMs included, which rocBLAS/hipBLASLt run on the f32 MFMA instructions (a sequential
+"""L1: AMD Instinct GPUs as targets: every GEMM on the generation's Matrix Cores
+(``mpt.engines.amd``) — FP32 GEMMs included, which rocBLAS/hipBLASLt run on the f32 MFMA instructions (a sequential
 FMA per k: the bits of ``ieee_fma`` but for NaN payloads) — FNUZ FP8 on MI300, OCP FP8 on MI355,
 and saturating FP8 casts (Transformer Engine's on ROCm, as on CUDA).
 
