@@ -1,7 +1,8 @@
 """L1: AMD Instinct GPUs as targets: every GEMM on the generation's Matrix Cores
-(``mpt.engines.amd``) — FP32 GEMMs included, which rocBLAS/hipBLASLt run on the f32 MFMA instructions (a sequential
-FMA per k: the bits of ``ieee_fma`` but for NaN payloads) — FNUZ FP8 on MI300, OCP FP8 on MI355,
-and saturating FP8 casts (Transformer Engine's on ROCm, as on CUDA).
+(``mpt.engines.amd``) — FP32 GEMMs included, which rocBLAS/hipBLASLt run on the f32 MFMA
+instructions (a sequential FMA per k: the bits of ``ieee_fma`` but for NaN payloads) — FNUZ FP8
+on MI300, OCP FP8 on MI355, and saturating FP8 casts (Transformer Engine's on ROCm, as on
+CUDA).
 
 Not modelled: the stochastic-rounding conversions of CDNA3/CDNA4 (``v_cvt_sr_*``, which take their
 random bits from software) and any subnormal flush outside the MFMA instructions (CDNA2 flushes
