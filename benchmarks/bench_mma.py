@@ -14,7 +14,8 @@ ratio to numpy sgemm measured in the same run, for 512³ and 1024³:
     python benchmarks/bench_mma.py [--sizes 512 1024] [--quick]
 
 Targets (issue 3, 2 cores): ieee_fma >= 0.5x sgemm; hopper fp16/bf16, ampere fp16 and
-hopper fp8 >= 0.05x (aiming at 0.1x).
+hopper fp8 >= 0.05x (aiming at 0.1x). Issue 13: cdna3 fp16 at least as fast as hopper fp16 (the
+last line of each table compares their ratios).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ CASES = [
     ("hopper", ml_dtypes.bfloat16, None, 0.05),
     ("ampere", np.float16, None, 0.05),
     ("hopper", ml_dtypes.float8_e4m3fn, None, 0.05),
+    ("cdna3", np.float16, None, 0.05),
     ("volta", np.float16, None, None),
     ("turing", np.float16, None, None),
     ("ampere", np.float32, "tf32", None),
@@ -46,6 +48,12 @@ CASES = [
     ("blackwell", ml_dtypes.float8_e4m3fn, None, None),
     ("ieee_mul_add", np.float32, None, None),
     ("exact", ml_dtypes.bfloat16, None, None),
+    ("cdna3", ml_dtypes.bfloat16, None, None),
+    ("cdna3", np.float32, "tf32", None),
+    ("cdna3", ml_dtypes.float8_e4m3fnuz, None, None),
+    ("cdna2", ml_dtypes.bfloat16, None, None),
+    ("cdna1", np.float16, None, None),
+    ("cdna4", ml_dtypes.float8_e4m3fn, None, None),
 ]
 CLOCK = time.perf_counter
 
@@ -82,15 +90,20 @@ def table(sizes, cases):
     for n in sizes:
         rng = np.random.default_rng(n)
         x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+        ratios = {}
         for model, dtype, in_format, target in cases:
             a, b = x.astype(dtype), y.astype(dtype)
             t, t_np = interleaved(lambda: mpt.gemm(a, b, model=model, in_format=in_format), n,
                                   reps=1 if model == "exact" else 10)
-            ratio = t_np / t
+            ratio = ratios[model, in_format or np.dtype(dtype).name] = t_np / t
             mark = "" if target is None else f"{target:>5.2f} {'ok' if ratio >= target else 'MISS'}"
             label = in_format or np.dtype(dtype).name
             print(f"{model:<13}{label:<15}{n:>5}{2 * n**3 / t / 1e9:>9.2f}"
                   f"{2 * n**3 / t_np / 1e9:>8.1f}{ratio:>9.3f}  {mark}", flush=True)
+        amd, nvidia = ratios.get(("cdna3", "float16")), ratios.get(("hopper", "float16"))
+        if amd and nvidia:
+            print(f"cdna3 fp16 / hopper fp16 at n={n}: {amd / nvidia:.2f} (issue 13: >= 1) "
+                  f"{'ok' if amd >= nvidia else 'MISS'}", flush=True)
 
 
 def blas_info():

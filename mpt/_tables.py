@@ -18,8 +18,8 @@ def text_table(rows, *, numeric: bool = False) -> str:
 
 
 def markdown_table(rows) -> str:
-    """The rows as a GitHub Markdown table."""
-    rows = [tuple(map(str, r)) for r in rows]
+    """The rows as a GitHub Markdown table (a "|" inside a cell escaped)."""
+    rows = [tuple(str(c).replace("|", "\\|") for c in r) for r in rows]
     lines = ["| " + " | ".join(r) + " |" for r in rows]
     lines.insert(1, "|" + "---|" * len(rows[0]))
     return "\n".join(lines)

@@ -115,6 +115,33 @@ NOTEBOOKS["02_tensor_core_dot_products"] = [
              "    for name, errs in table.items():\n"
              "        plt.loglog(Ks, errs, 'o-', label=name)\n"
              "    plt.xlabel('K'); plt.ylabel('mean relative error'); plt.legend(); plt.show()"),
+    ("md", "## The same GEMM on H100 and MI300\n\nAMD's Matrix Cores follow other rules "
+           "(docs/amd.md): MI300 (`cdna3`) truncates fp16 products to 24 bits in groups of 8, "
+           "re-aligns the group sum and C rounding toward −∞, and rounds to nearest after every "
+           "group; H100 truncates a block of 16 to 25 bits and rounds toward zero. One product "
+           "1·1 with C = −2^-30 shows it: H100 drops C, MI300 keeps −2^-24 of it."),
+    ("code", "a1, b1 = np.ones((1, 1), np.float16), np.ones((1, 1), np.float16)\n"
+             "c1 = np.array([[-2.0**-30]], np.float32)\n"
+             "bits = {m: hex(mpt.mma(a1, b1, c1, model=m).view(np.uint32)[0, 0]) "
+             "for m in ('h100', 'mi300x')}\n"
+             "print(bits)\n"
+             "assert bits == {'h100': '0x3f800000', 'mi300x': '0x3f7fffff'}"),
+    ("md", "On a whole GEMM almost every output differs, and not at random: H100's errors point "
+           "toward zero, MI300's fall on both sides."),
+    ("code", "from mpt.testing import ulp_distance\n"
+             "a = rng.standard_normal((32, 512)).astype(np.float16)\n"
+             "b = rng.standard_normal((512, 32)).astype(np.float16)\n"
+             "h100, mi300, exact = (mpt.gemm(a, b, model=m) for m in ('h100', 'mi300x', 'exact'))\n"
+             "differ = float((h100 != mi300).mean())\n"
+             "med = {m: float(np.median(ulp_distance(d, exact))) for m, d in "
+             "(('h100', h100), ('mi300x', mi300))}\n"
+             "err = lambda d: (d.astype(np.float64) - exact) * np.sign(exact)\n"
+             "toward_zero = {m: float((err(d) < 0).mean()) for m, d in "
+             "(('h100', h100), ('mi300x', mi300))}\n"
+             "print(f'outputs that differ: {differ:.0%}; median ULPs from exact: {med}; '\n"
+             "      f'share of errors toward zero: {toward_zero}')\n"
+             "assert differ > 0.9 and med['mi300x'] < med['h100']\n"
+             "assert toward_zero['h100'] > 0.7 and toward_zero['mi300x'] < 0.6"),
 ]
 
 NOTEBOOKS["03_loss_scaling_and_underflow"] = [

@@ -198,3 +198,17 @@ def test_edge_cases_hold_specials(suite):
     d = case.outputs["d"]
     assert np.isnan(d[0]).all() and np.isnan(d[:, 0]).all()        # NaN in a's row, b's column
     assert np.isfinite(d[1:, 1:]).sum() >= 6
+
+
+def test_amd_cases_keep_their_own_nans_and_formats(suite):
+    """AMD's results carry no canonical NaN (NVIDIA's 0x7FFFFFFF); f64 cases are FP64 throughout;
+    CDNA4's block-scale GEMM stores its E8M0 scales as uint8 patterns."""
+    cases = {c.name: c for c in suite[0]}
+    d = cases["mma-cdna3-fp16-fp32-edge"].outputs["d"]
+    nan_bits = d.view(np.uint32)[np.isnan(d)]
+    assert nan_bits.size and not (nan_bits == 0x7FFFFFFF).any()
+    assert (cases["mma-hopper-fp16-fp32-edge"].outputs["d"].view(np.uint32)[0] == 0x7FFFFFFF).all()
+    f64 = cases["gemm-cdna2-fp64-splitk2"]
+    assert f64.inputs["c"].dtype == np.float64 and f64.outputs["d"].dtype == np.float64
+    scaled = cases["gemm-cdna4-fp4-e8m0-block-scales-splitk2"]
+    assert scaled.inputs["scale_a"].dtype == np.uint8 and scaled.inputs["scale_a"].shape == (4, 16)

@@ -12,13 +12,17 @@ def test_every_target_maps_formats_to_registered_models():
     for target in targets().values():
         for fmt, model in target.mma:
             assert mpt.get_mma_model(model).name in models
-        assert target.mma_model("fp32") == "ieee_fma"   # FP32 GEMMs: CUDA cores / a CPU loop
+        # FP32 GEMMs: CUDA cores / a CPU loop; on AMD the f32 MFMA instructions
+        want = target.mma[1][1] if target.vendor == "AMD" else "ieee_fma"
+        assert target.mma_model("fp32") == want
 
 
 @pytest.mark.parametrize("name, fmt, model", [
     ("v100", "fp16", "volta"), ("a100", "bf16", "ampere"), ("A30", "tf32", "ampere"),
     ("h100", "fp8_e5m2", "hopper"), ("h200", "e4m3", "hopper"), ("b200", "bf16", "blackwell"),
     ("rtx4090", "fp8_e4m3fn", "ada"), ("cpu", "bf16", "ieee_fma"),
+    ("mi250x", "bf16", "cdna2"), ("mi210", "fp64", "cdna2"), ("mi300x", "tf32", "cdna3"),
+    ("mi325x", "fp8_e4m3fnuz", "cdna3"), ("mi300x", "fp32", "cdna3"), ("mi355x", "e4m3", "cdna4"),
 ])
 def test_mma_model_per_format(name, fmt, model):
     assert get_target(name).mma_model(fmt) == model
@@ -103,3 +107,89 @@ def test_cli_lists_models_and_targets(capsys):
     import json
     models = json.loads(capsys.readouterr().out)
     assert {m["name"]: m["evidence"] for m in models}["volta"] == "hardware-verified"
+
+
+# ---- AMD --------------------------------------------------------------------------------------
+
+def test_amd_targets_fp8_flavours_and_evidence():
+    assert get_target("mi250x").fp8 is None
+    assert get_target("mi300x").fp8 == ("fp8_e4m3fnuz", "fp8_e5m2fnuz")
+    assert get_target("mi355x").fp8 == ("fp8_e4m3fn", "fp8_e5m2")
+    assert get_target("mi300x").evidence == "reference model"
+    assert get_target("mi355x").evidence == "assumption"        # CDNA4's arithmetic is assumed
+    with pytest.raises(ValueError, match="target 'mi250x' has no MMA model for tf32 inputs"):
+        get_target("mi250x").mma_model("tf32")                   # no xf32 before CDNA3
+    with pytest.raises(ValueError, match="uses FP8 GEMMs, which target 'mi250x' does not have"):
+        get_recipe("fp8-hybrid", target="mi250x")
+
+
+def test_fp8_recipe_on_mi300x_uses_fnuz_formats_and_cdna3():
+    """Transformer Engine on MI300: E4M3FNUZ forward (max 240), E5M2FNUZ backward (max 57344),
+    delayed scaling to those maxima, the FP8 GEMMs on CDNA3's fp8 instructions with promotion
+    every 128 products (a multiple of their K); the rest under bf16 autocast on CDNA3."""
+    recipe = get_recipe("fp8-hybrid", target="mi300x")
+    assert (recipe.matmul_model, recipe.fp8.model, recipe.fp8.scaling.flavour) == \
+        ("cdna3", "cdna3", "fnuz")
+    forward, backward = (recipe.fp8.scaling.format_for(r) for r in ("forward", "backward"))
+    assert (forward.name, forward.max, backward.name, backward.max) == \
+        ("fp8_e4m3fnuz", 240.0, "fp8_e5m2fnuz", 57344.0)
+    state = recipe.fp8.scaling.state("forward")
+    state.observe(np.array([-3.0, 1.0], np.float32))
+    assert state.update() == np.float32(80.0)                   # f32(240 / 3)
+    assert get_recipe("bf16-amp", target="mi300x").matmul_model == "cdna3"
+    ocp = get_recipe("fp8-hybrid", target="mi355x")
+    assert (ocp.fp8.model, ocp.fp8.scaling.format_for("forward").max) == ("cdna4", 448.0)
+
+
+def _gpt(backend):
+    return mpt.nn.GPT(vocab=16, d_model=32, n_layers=1, n_heads=2, seq_len=8, seed=1,
+                      backend=backend)
+
+
+def _train(recipe, backend="naive", steps=2):
+    network = _gpt(backend)
+    trainer = mpt.Trainer(network, recipe, mpt.TrainConfig(lr=1e-2))
+    idx = np.random.default_rng(0).integers(0, 16, (4, 8))
+    for _ in range(steps):
+        trainer.train_step([(idx, idx)])
+    return trainer, np.concatenate([p.data.view(np.uint32).ravel()
+                                    for p in network.parameters()])
+
+
+def test_recipes_train_on_mi300x():
+    """bf16-amp on MI300X trains exactly as the recipe with matmul_model="cdna3" and differs from
+    H100's; fp8-hybrid's FP8 layers quantize to FNUZ E4M3 with scales from max 240. The flash
+    kernels do not run MFMA models: the GPT uses the naive backend (a flash one is refused by
+    name)."""
+    _, on_target = _train(get_recipe("bf16-amp", target="mi300x"))
+    _, explicit = _train(get_recipe("bf16-amp").replace(matmul_model="cdna3"))
+    _, on_h100 = _train(get_recipe("bf16-amp"))
+    assert np.array_equal(on_target, explicit) and not np.array_equal(on_target, on_h100)
+    trainer = mpt.Trainer(_gpt("naive"), get_recipe("fp8-hybrid", target="mi300x"),
+                          mpt.TrainConfig(lr=1e-2))
+    layer = next(iter(trainer.fp8_layers.values()))
+    state = layer.fp8_states["weight"]
+    assert state.format.name == "fp8_e4m3fnuz" and layer.model == "cdna3"
+    amax = np.max(np.abs(layer.weight.data.astype(np.float32)))     # what the forward records
+    idx = np.random.default_rng(0).integers(0, 16, (4, 8))
+    trainer.train_step([(idx, idx)])
+    assert state.scale == np.float32(240.0) / amax                  # the delayed update: f32
+    with pytest.raises(ValueError, match="backend='flash' runs the block, ieee_fma and "
+                                         "ieee_mul_add models; the matmul model is 'cdna3'"):
+        _train(get_recipe("bf16-amp", target="mi300x"), backend="flash", steps=1)
+
+
+def test_study_runs_on_mi300x(tmp_path):
+    """``mpt study --target mi300x`` on a tiny configuration: every recipe MI300X runs, with the
+    naive attention for all of them."""
+    from mpt.cli import main
+    from mpt.study import StudyConfig
+
+    config = StudyConfig(target="mi300x", steps=2, recipes=("bf16-amp", "fp8-hybrid"), quant=False)
+    assert config.attention == "naive"
+    assert StudyConfig(target="h100", steps=2, recipes=("bf16-amp",)).attention == "flash"
+    assert main(["study", "--target", "mi300x", "--steps", "1", "--recipes", "bf16-amp",
+                 "fp8-hybrid", "--no-quant", "--no-plots", "--quiet", "--out",
+                 str(tmp_path)]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "mi300x" in report and "fp8-hybrid" in report

@@ -127,8 +127,9 @@ class Fp8Linear(Module):
     """Transformer Engine's FP8 ``Linear`` with delayed scaling (module docstring).
 
     ``linear``: the ``nn.Linear`` whose parameters it takes over; ``scaling``: the
-    ``DelayedScaling`` recipe (HYBRID: E4M3 forward, E5M2 backward); ``model``: an MMA preset with
-    an FP8 config (``"hopper"``, ``"ada"``, ``"blackwell"``); ``promote_every`` and
+    ``DelayedScaling`` recipe (HYBRID: E4M3 forward, E5M2 backward; ``flavour="fnuz"`` on MI300);
+    ``model``: an MMA preset with an FP8 config (``"hopper"``, ``"ada"``, ``"blackwell"``,
+    ``"cdna3"`` for FNUZ, ``"cdna4"``); ``promote_every`` (a multiple of the instruction's K) and
     ``split_accumulator`` (fprop, dgrad, wgrad): see the module docstring.
     """
 

@@ -5,9 +5,9 @@ software around them (split-K, promotion, scales, epilogue). Models are data
 (:class:`MMAModel`, one :class:`MMAConfig` per family of input formats) in a registry; each
 arithmetic kind has an operand class (:mod:`mpt.engines.operands`). Vendor modules register
 their models when this package is imported: NVIDIA Tensor Cores (:mod:`mpt.engines.nvidia`), the
-IEEE and exact models (:mod:`mpt.engines.ieee`).
+IEEE and exact models (:mod:`mpt.engines.ieee`), AMD Matrix Cores (:mod:`mpt.engines.amd`).
 """
-from mpt.engines import ieee, nvidia  # noqa: F401  (register their models, in this order)
+from mpt.engines import nvidia, ieee, amd  # noqa: F401  (register their models, in this order)
 from mpt.engines.gemm import Scale, gemm, mma
 from mpt.engines.model import (EVIDENCE, Assumption, MMAConfig, MMAModel, get_mma_model,
                                load_model, mma_models, models_table_rows, register_model)

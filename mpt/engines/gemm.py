@@ -5,12 +5,15 @@ whole K chained through the model's instructions in increasing k (``mpt.mma_mode
 models and their evidence).
 
 **Software** (:func:`gemm`): what a library adds around the instructions — the k-order of
-split-K (partial sums reduced with IEEE FP32 adds), FP8 promotion of the partial accumulator
-into an FP32 register every ``promote_every`` products (DeepSeek-V3: 128), dequantisation
-scales, and the output cast (the epilogue).
+split-K (partial sums reduced with IEEE FP32 adds, FP64 for f64 instructions), FP8 promotion of
+the partial accumulator into an FP32 register every ``promote_every`` products (DeepSeek-V3:
+128), dequantisation scales, and the output cast (the epilogue).
 
 NaN results are the canonical NaN (0x7FFFFFFF / 0x7FFF) for models whose hardware returns it
-(NVIDIA); Oracles: ``mpt.reference.mma`` (exact rationals) and the vendored hardware samples.
+(NVIDIA); the other models keep the NaN their arithmetic gives (AMD: an input's payload, see
+``mpt.reference.mfma``); a split-K add of two NaNs keeps the first operand's payload (x86's
+rule, an assumption for the GPU's adds). Oracles: ``mpt.reference.mma`` and
+``mpt.reference.mfma`` (exact rationals) and the vendored hardware samples.
 """
 from __future__ import annotations
 
@@ -53,10 +56,12 @@ def _input_formats(a, b, in_format) -> list[str]:
     return names
 
 
-def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None):
+def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None,
+             from_c=True):
     """Validate the arguments shared by mma and gemm; returns (operands, c as (B, M, N), shape).
     ``scales``: None or (scale_a, scale_b) block scales for the instruction (kinds that take
-    them check them); ``options``: the model's keyword options."""
+    them check them); ``options``: the model's keyword options; ``out_format`` None: from c's
+    dtype (``from_c``), else the configuration's first output (fp32; fp64 for f64 ones)."""
     model = get_mma_model(model)
     a, b = np.asarray(a), np.asarray(b)
     for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
@@ -65,11 +70,12 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
     fa, fb = _input_formats(a, b, in_format)
-    cfg = model.config(fa, fb, variant)
-    if out_format is None:   # from c: fp16, or fp64 where the model has an fp64 output; else fp32
-        kind = np.asarray(c).dtype if c is not None else None
-        fp64 = kind == np.float64 and any(o[0] == "fp64" for o in cfg.outputs)
-        out_format = "fp16" if kind == np.float16 else "fp64" if fp64 else "fp32"
+    cfg = model.config(fa, fb, variant, scaled=scales is not None)
+    if out_format is None:   # from c: fp16, or fp64 where the model has it; else the first
+        kind = np.asarray(c).dtype if c is not None and from_c else None
+        outputs = [o[0] for o in cfg.outputs]
+        out_format = "fp16" if kind == np.float16 else \
+            "fp64" if kind == np.float64 and "fp64" in outputs else outputs[0]
     out_name = get_format(out_format).name
     cfg.output(out_name)
     m, n = a.shape[-2], b.shape[-1]
@@ -119,24 +125,31 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     """D = A·B + C with one MMA model, the whole K chained in blocks as the hardware does.
 
     a: (..., M, K), b: (..., K, N) arrays of the input format's dtype — float16, bfloat16,
-    float8_e4m3fn / float8_e5m2 (mixable), fp6/fp4 (Blackwell), or float32 with
-    ``in_format="tf32"`` (the low 13 bits are dropped, toward zero) or with an IEEE/exact model.
+    float8_e4m3fn / float8_e5m2 (mixable), FNUZ float8_e4m3fnuz / float8_e5m2fnuz (AMD CDNA3),
+    fp6/fp4 (Blackwell, CDNA4), float64 (AMD's f64 instructions), or float32 with
+    ``in_format="tf32"`` (the low 13 bits are dropped, toward zero: NVIDIA's TF32 and AMD
+    CDNA3's xf32) or with an IEEE/exact model or AMD's f32 instructions.
     ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
     c: (..., M, N) float32 (FP32 output), float16 (FP16 output) or float64 (FP64 output, for
     models that have one), or None for +0; leading batch dimensions broadcast. ``out_format``:
-    "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else "fp32").
+    "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else the
+    configuration's first: "fp32", or "fp64" for f64 instructions).
     ``model``: a name or alias from ``mpt.mma_models()``, or an :class:`~mpt.MMAModel` (e.g. one
     with assumed rules chosen by ``configure``); ``variant``: an instruction variant of the model
     (None: its default); ``scale_a``/``scale_b``: the instruction's block scales, for models with
-    block-scaled instructions; ``options``: keyword options of the model's kind (its operand
-    class lists them; an unknown one is a TypeError).
+    block-scaled instructions (AMD CDNA4: E8M0 patterns, (..., M, ceil(K/32)) and
+    (..., ceil(K/32), N)); ``options``: keyword options of the model's kind (its operand class
+    lists them; an unknown one is a TypeError).
 
-    Precision contract: K is consumed in blocks of the model's L in increasing k; each block is
-    the truncated fused dot-product-add of the spec and its result, rounded to the output
-    (RZ-FP32, RZ-E8M13 for Ada/Hopper FP8, RNE-FP16), is the next block's c. ``ieee_fma`` and
-    ``ieee_mul_add`` round at every k (RNE), ``exact`` once. Returns float32 or float16 D with
-    canonical NaNs. Raises ValueError for input/output formats the model does not support.
-    Oracle: ``mpt.reference.mma.mma_reference``; hardware: tests/test_mma_hardware.py.
+    Precision contract: K is consumed in blocks of the model's L — one instruction's K — in
+    increasing k; each block is the model's fused dot-product-add (NVIDIA: truncated to F bits
+    below the block's largest exponent and rounded to the output — RZ-FP32, RZ-E8M13 for
+    Ada/Hopper FP8, RNE-FP16; AMD: ``mpt.engines.amd``) and its result is the next block's c.
+    ``ieee_fma`` and ``ieee_mul_add`` round at every k (RNE), ``exact`` once. Returns float32,
+    float16 or float64 D; NaNs are the canonical NaN where the hardware writes one (NVIDIA),
+    else the model's own (AMD: the payload of an input NaN). Raises ValueError for input/output
+    formats the model does not support. Oracles: ``mpt.reference.mma.mma_reference``,
+    ``mpt.reference.mfma``; hardware: tests/test_mma_hardware.py.
     """
     scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)
     ops, c3, shape = _prepare(a, b, c, model, in_format, out_format, variant, scales, options)
@@ -179,7 +192,7 @@ class Scale:
 
 @_ieee_values
 def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, scale_b=None,
-         out_format="fp32", in_format=None, accumulate="fp32", variant=None, **options):
+         out_format=None, in_format=None, accumulate=None, variant=None, **options):
     """A GEMM as a GPU library runs it on one MMA model: the software around the Tensor Core.
 
     a (..., M, K), b (..., K, N), c (..., M, N), ``in_format``, ``model``, ``variant`` and the
@@ -187,39 +200,46 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     element, in this order:
 
     1. **split-K**: K is cut into ``split_k`` chunks of ceil(K/split_k) products rounded up to
-       a multiple of the block L (of ``promote_every`` when given); each chunk runs on its own
-       accumulator starting at +0, and the chunk results are added in chunk order with IEEE FP32
-       adds (RNE), as a split-K reduction on CUDA cores.
+       a multiple of the block L — the instruction's K on AMD — (of ``promote_every`` when
+       given); each chunk runs on its own accumulator starting at +0, and the chunk results are
+       added in chunk order with IEEE adds (RNE) of the accumulator's format (FP32; FP64 for
+       f64 instructions), as a split-K reduction on CUDA cores / shader cores.
     2. **promotion** (``promote_every=G``, a multiple of L): inside a chunk, every G products the
        MMA partial (started at +0) is added into an FP32 register with an IEEE ``fma(s, partial,
        register)`` — s = 1, or the block scale. DeepSeek-V3 uses G = 128 for Hopper FP8 (whose
        e8m13 partial otherwise keeps ~14 bits); None chains the whole chunk ("fast accumulation").
-    3. **scales**: per tensor (``scale_a``/``scale_b`` scalars): D = fma(alpha, D, c) with
-       alpha = RN32(scale_a·scale_b), at the end; per block (DeepSeek-V3: ``scale_a`` (M, K/G) for
-       1×G tiles of A, ``scale_b`` (K/G, N/G) for G×G tiles of B): s = RN32(sa[i,g]·sb[g,j//G])
-       multiplies each promoted partial (a per-tensor partner is folded into s).
+    3. **scales**: float32 ``scale_a``/``scale_b`` are dequantisation scales of the software:
+       per tensor (scalars): D = fma(alpha, D, c) with alpha = RN32(scale_a·scale_b), at the
+       end; per block (DeepSeek-V3: ``scale_a`` (M, K/G) for 1×G tiles of A, ``scale_b`` (K/G,
+       N/G) for G×G tiles of B): s = RN32(sa[i,g]·sb[g,j//G]) multiplies each promoted partial
+       (a per-tensor partner is folded into s). E8M0 ``scale_a``/``scale_b`` (uint8 patterns or
+       ``ml_dtypes.float8_e8m0fnu``) are the instruction's block scales instead, as in
+       :func:`mma` (AMD CDNA4's ``v_mfma_scale`` instructions: one per 32 k).
     4. **c**: the MMA's C of the first chunk (no promotion), or the initial FP32 register (with
        promotion); with per-tensor scales it is added by the final fma instead (cuBLASLt's beta·C).
     5. **epilogue**: ``out_format`` "fp32" returns the FP32 accumulator; "fp16"/"bf16" round it
-       once, RNE — what cuBLAS does with CUBLAS_COMPUTE_32F and a half output.
+       once, RNE — what cuBLAS does with CUBLAS_COMPUTE_32F and a half output. None: the
+       accumulator's format.
 
-    ``accumulate="fp16"`` instead runs the Tensor Core's own FP16-output mode (RNE-FP16 after
-    every block; c must be float16; no split-K, promotion or scales): FP16 accumulation, which is
-    NOT the same as FP32 accumulation followed by an FP16 epilogue. With the defaults, ``gemm``
-    returns exactly what :func:`mma` returns. Oracle: ``mpt.reference.mma.gemm_reference``.
+    ``accumulate``: None — "fp32", or "fp64" for a configuration whose only output is FP64 (AMD's
+    f64 instructions: c float64, output "fp64", no promotion or software scales); "fp16" runs the
+    Tensor Core's own FP16-output mode (RNE-FP16 after every block; c must be float16; no
+    split-K, promotion or scales): FP16 accumulation, which is NOT the same as FP32 accumulation
+    followed by an FP16 epilogue. With the defaults, ``gemm`` returns exactly what :func:`mma`
+    returns. Oracle: ``mpt.reference.mma.gemm_reference``.
     """
-    if accumulate not in ("fp32", "fp16"):
-        raise ValueError(f"accumulate must be 'fp32' or 'fp16'; got {accumulate!r}")
-    out_name = get_format(out_format).name
-    if out_name not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"out_format must be 'fp32', 'fp16' or 'bf16'; got {out_format!r}")
+    if accumulate not in (None, "fp32", "fp16", "fp64"):
+        raise ValueError(f"accumulate must be None, 'fp32', 'fp16' or 'fp64'; got {accumulate!r}")
     split_k = check_int("split_k", split_k, min=1)
     promote_every = check_int("promote_every", promote_every, min=1, optional=True)
-    scaled = scale_a is not None or scale_b is not None
+    block_scales = _block_scales(scale_a, scale_b)
+    scaled = block_scales is None and (scale_a is not None or scale_b is not None)
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
-    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, options=options)
+    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, block_scales,
+                              options, from_c=False)
+    out_name = _gemm_output(ops.out_format, out_format, promote_every, scaled)
     unit = promote_every or ops.unit
     if promote_every is not None and promote_every % ops.unit:
         raise ValueError(f"promote_every must be a multiple of the model's block of {ops.unit} "
@@ -228,9 +248,10 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if k == 0:
         promote_every = None  # no products: nothing to promote, D = c (or +0)
     kg = tiles(k, promote_every) if promote_every else 0
-    sa = None if scale_a is None else Scale.parse(scale_a, "scale_a", m, kg, promote_every)
-    sb = None if scale_b is None else Scale.parse(scale_b, "scale_b", kg,
-                                                  tiles(n, promote_every or 1), promote_every)
+    sa = None if not scaled or scale_a is None else Scale.parse(scale_a, "scale_a", m, kg,
+                                                                promote_every)
+    sb = None if not scaled or scale_b is None else Scale.parse(
+        scale_b, "scale_b", kg, tiles(n, promote_every or 1), promote_every)
     c_at_end = scaled and not any(s is not None and s.per_block for s in (sa, sb))
     step = max(unit, tiles(tiles(k, split_k), unit) * unit)
     with _mma.threads_for(ops.work):
@@ -238,7 +259,7 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
         for k0 in range(0, max(k, 1), step):
             own_c = c3 if (k0 == 0 and not c_at_end) else None
             part = _chunk(ops, k0, min(k0 + step, k), own_c, promote_every, sa, sb)
-            d = part if d is None else d + part                     # IEEE FP32 adds (RNE)
+            d = part if d is None else d + part                     # IEEE adds (RNE)
         if c_at_end:
             alpha = np.float32(1.0)
             for s in (sa, sb):
@@ -246,13 +267,47 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
             d = fma_array(alpha, d, np.float32(-0.0) if c3 is None else c3.astype(np.float32))
     nan = _canonical_nan if ops.canonical_nan else (lambda x: x)
     d = nan(d)
-    if out_name != "fp32":
-        d = nan(round_format(d, out_name))                       # RNE, one rounding
+    if out_name not in ("fp32", "fp64"):
+        d = nan(round_format(d, out_name))                          # RNE, one rounding
     return d.reshape(shape)
 
 
+def _block_scales(scale_a, scale_b):
+    """(scale_a, scale_b) when they are the instruction's E8M0 block scales, else None (float32
+    software scales, or none). TypeError when one is E8M0 and the other is not."""
+    e8m0 = [s is not None and _is_e8m0(s) for s in (scale_a, scale_b)]
+    if not any(e8m0):
+        return None
+    if not all(e8m0):
+        raise TypeError("scale_a and scale_b must both be E8M0 block scales (uint8 patterns or "
+                        "float8_e8m0fnu) for a block-scaled instruction, or neither")
+    return scale_a, scale_b
+
+
+def _is_e8m0(s) -> bool:
+    dtype = getattr(s, "dtype", None)
+    return dtype is not None and (dtype == np.uint8 or dtype == get_format("e8m0").dtype)
+
+
+def _gemm_output(acc_name, out_format, promote_every, scaled) -> str:
+    """The output format of gemm for an accumulator of ``acc_name`` (ValueError naming the
+    valid ones)."""
+    if acc_name == "fp64":
+        out_name = "fp64" if out_format is None else get_format(out_format).name
+        if out_name != "fp64" or promote_every is not None or scaled:
+            raise ValueError(f"an FP64 accumulator (f64 instructions) takes out_format 'fp64' "
+                             f"and no promote_every or software scales; got out_format "
+                             f"{out_format!r}, promote_every {promote_every!r}")
+        return out_name
+    out_name = "fp32" if out_format is None else get_format(out_format).name
+    if out_name not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"out_format must be 'fp32', 'fp16' or 'bf16'; got {out_format!r}")
+    return out_name
+
+
 def _chunk(ops, k0, k1, c, promote_every, sa, sb):
-    """One split-K chunk [k0, k1) as (B, M, N) float32: the MMA chain from c (or +0), or, with
+    """One split-K chunk [k0, k1) as (B, M, N) float32 (float64 for an FP64 accumulator): the
+    MMA chain from c (or +0), or, with
     promotion, MMA partials from +0 fused into an FP32 register that starts at c (or −0, so
     that the first partial enters it unchanged)."""
     if promote_every is None:

@@ -59,7 +59,9 @@ class MMAConfig:
     the alignment width F of a block model (None otherwise); ``outputs``: (output format,
     rounding, e_zero) triples; ``evidence``: one of :data:`EVIDENCE`; ``variant``: the name of an
     instruction variant when a model offers several for the same inputs (``"default"`` is chosen
-    unless a call names another); ``params``: further (name, value) parameters of the rule.
+    unless a call names another; without a ``"default"``, the first listed); ``params``: further
+    (name, value) parameters of the rule (``scale_block``: the instruction takes one block scale
+    per that many k, ``scale_a``/``scale_b`` of ``mpt.mma``).
     """
 
     inputs: tuple[str, ...]
@@ -191,16 +193,27 @@ class MMAModel:
                                  f" for model {self.name!r}; got {value!r}")
         return replace(self, choices=tuple(sorted({**dict(self.choices), **choices}.items())))
 
-    def config(self, a_format: str, b_format: str, variant: str | None = None) -> MMAConfig:
-        """The configuration for these input formats (and instruction variant; None: the
-        ``"default"`` one, else the only one); ValueError naming the supported ones."""
+    def config(self, a_format: str, b_format: str, variant: str | None = None,
+               scaled: bool = False) -> MMAConfig:
+        """The configuration for these input formats and instruction variant; ValueError naming
+        the supported ones. ``variant`` None: the ``"default"`` one, else the first (the table
+        lists a model's variants in the order its compiler prefers them) among those that take
+        block scales when ``scaled`` (a ``scale_block`` parameter) and those that do not
+        otherwise (an instruction that only exists with scales runs with unit scales)."""
         found = [cfg for cfg in self.configs if a_format in cfg.inputs and b_format in cfg.inputs]
         if not found:
             groups = "; ".join(dict.fromkeys("/".join(cfg.inputs) for cfg in self.configs))
             raise ValueError(f"model {self.name!r} does not take inputs ({a_format}, {b_format}); "
                              f"it takes (mixable within a group): {groups}")
-        want = variant or ("default" if any(c.variant == "default" for c in found)
-                           else found[0].variant)
+        if variant is None:
+            pool = [c for c in found if bool(c.param("scale_block")) == scaled]
+            if not pool and scaled:
+                raise ValueError(f"model {self.name!r} takes no block scales (scale_a/scale_b) "
+                                 f"for ({a_format}, {b_format}) inputs")
+            pool = pool or found
+            want = "default" if any(c.variant == "default" for c in pool) else pool[0].variant
+        else:
+            want = variant
         for cfg in found:
             if cfg.variant == want:
                 return cfg
@@ -286,15 +299,22 @@ def get_mma_model(model) -> MMAModel:
 
 
 def models_table_rows() -> list[tuple[str, ...]]:
-    """Every registered model as table rows (header first): kind, evidence, each configuration's
-    inputs (and variant) with its evidence, assumed rules, aliases — ``mpt models`` and
-    docs/targets.md."""
+    """Every registered model as table rows (header first): kind, evidence, each family of input
+    formats with its evidence (and its number of instruction variants), assumed rules, aliases —
+    ``mpt models`` and docs/targets.md."""
     rows = [("model", "kind", "evidence", "inputs: evidence", "assumptions", "aliases")]
     for m in _MODELS.all().values():
-        inputs = "; ".join("/".join(c.inputs) + ("" if c.variant == "default" else
-                                                 f" [{c.variant}]") + f": {c.evidence}"
-                           for c in m.configs)
-        assumed = ", ".join(f"{a.name} ({'|'.join(a.choices)})" for a in m.assumptions)
+        groups: dict = {}   # (inputs, evidence) -> variants (instruction variants share a line)
+        for c in m.configs:
+            groups.setdefault(("/".join(c.inputs), c.evidence), []).append(c.variant)
+        inputs = "; ".join(f + (f" ({len(v)} variants)" if len(v) > 1 else "") + f": {e}"
+                           for (f, e), v in groups.items())
+        assumed = ", ".join(f"{a.name} ({_alternatives(a.choices)})" for a in m.assumptions)
         rows.append((m.name, m.kind, m.evidence, inputs, assumed or "-",
                      ", ".join(m.aliases) or "-"))
     return rows
+
+
+def _alternatives(choices) -> str:
+    """'a', 'a or b', 'a, b or c' (the default first)."""
+    return choices[0] if len(choices) == 1 else f"{', '.join(choices[:-1])} or {choices[-1]}"

@@ -5,8 +5,8 @@ subclass, registered with :func:`register_kind`. ``mpt.mma`` and ``mpt.gemm`` on
 interface:
 
 * ``ops = cls(model, cfg, a, b, formats, out_format, batch, scales, options)`` decodes the
-  operands once (``scales``: the instruction's block scales, for kinds with ``SCALES``;
-  ``options``: keyword options the kind accepts, ``OPTIONS``);
+  operands once (:meth:`Operands.decode`; ``scales``: the instruction's block scales, for kinds
+  with ``SCALES``; ``options``: keyword options the kind accepts, ``OPTIONS``);
 * ``acc = ops.new_acc(c)`` makes an accumulator holding c (or +0);
 * ``ops.chain(acc, k0, k1)`` runs the model over k in [k0, k1), in increasing k, in place
   (k0 and k1 multiples of :attr:`Operands.unit`, or K);
@@ -115,10 +115,16 @@ class Operands:
         self.model, self.cfg, self.options, self.scales = model, cfg, options, scales
         self.formats, self.out_format = tuple(formats), out_format
         self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
-        self.batch = batch
-        self.a, self.ia = batched(decoded(a, formats[0]), batch)      # (Ba, M, K)
-        self.b, self.ib = batched(decoded(b, formats[1]), batch)      # (Bb, K, N)
+        self.batch, self.shapes = batch, (a.shape, b.shape)
+        self.a, self.ia = batched(self.decode(a, formats[0]), batch)  # (Ba, M, K)
+        self.b, self.ib = batched(self.decode(b, formats[1]), batch)  # (Bb, K, N)
         self.prepare()
+
+    def decode(self, x: np.ndarray, fmt: str) -> np.ndarray:
+        """The values of one operand array for the kernels (default: :func:`decoded`, exact
+        float32, float64 for fp64); a kind whose results depend on more than the values (NaN
+        payloads, flushes) overrides it."""
+        return decoded(x, fmt)
 
     def prepare(self) -> None:
         """Decode ``self.a``/``self.b`` further for the kernels (default: keep float32)."""

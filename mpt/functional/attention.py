@@ -58,7 +58,8 @@ from mpt.kernels.ops import softmax_backward_rows, softmax_rows
 from mpt.engines import get_mma_model
 from mpt.autograd.tensor import Tensor, opmath, round_to
 
-__all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "BACKENDS"]
+__all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "flash_runs",
+           "BACKENDS"]
 
 BACKENDS = ("naive", "flash")
 _FLASH_FORMATS = ("fp64", "fp32", "fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2")
@@ -170,6 +171,17 @@ def flash_mma_model(fmt, model: str) -> dict:
     raise ValueError(f"scaled_dot_product_attention: backend='flash' runs the block, ieee_fma and "
                      f"ieee_mul_add models; the matmul model is {name!r} ({preset.kind}): use "
                      "backend='naive'")
+
+
+def flash_runs(fmt, model: str) -> bool:
+    """Whether ``backend="flash"`` runs attention on ``fmt`` tensors under the matmul model
+    ``model`` (:func:`flash_mma_model`: the block and IEEE kinds; AMD's MFMA models run with
+    ``backend="naive"``, whose GEMMs go through ``mpt.gemm``)."""
+    try:
+        flash_mma_model(fmt, model)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,8 @@ Precision contract:
 * fp32 operands on a Tensor Core model (anything but ``ieee_fma``, ``ieee_mul_add``, ``exact``)
   run ``ieee_fma`` instead — FP32 GEMMs run on CUDA cores, as PyTorch's default
   ``allow_tf32=False``; cast to ``"tf32"`` (or use a TF32 :class:`~mpt.functional.GemmPlan`) to
-  use TF32 Tensor Cores.
+  use TF32 Tensor Cores. (On AMD models the FP32 GEMMs are the f32 MFMA instructions, a
+  sequential FMA per k: the same bits as ``ieee_fma`` but for NaN payloads.)
 * fp64 operands (gradient checks) use ``mpt.kernels.ops.matmul_f64``: sequential float64 FMA in
   increasing k.
 * ``linear`` runs a :class:`~mpt.functional.gemm_plan.GemmPlan` (default: the operands as stored,

@@ -4,8 +4,9 @@ Each kind is ``compute(inputs, params) -> outputs`` with mpt's public operations
 is bit-exact (mpt is deterministic: its results do not depend on the thread count). Kinds:
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
-  dtype (float32 or float16); outputs ``d``.
-- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales; outputs ``d``.
+  dtype (float32, float16, or float64 for AMD's f64 instructions); outputs ``d``.
+- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales (float32 software scales, or
+  E8M0 instruction scales as uint8 patterns); outputs ``d``.
 - ``fake_quant``: PyTorch's ``fake_quantize_per_{tensor,channel}_affine`` (mpt.kernels.quant);
   outputs ``y`` and the straight-through ``mask``.
 - ``optim``: a few SGD/AdamW steps from stored params and per-step grads under one fma profile;
@@ -17,7 +18,11 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
 - ``train_steps``: a few :class:`mpt.train.Trainer` steps of a tiny GPT under one recipe, from
   stored weights and batches; outputs the losses and every parameter after the last step.
 
-``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite.
+``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite: per
+MMA model, input format and output an edge, a random and a test-vector case (K = 32; K = 40 for
+AMD's models, so that their instructions chain and pad), a few K = 4096 cases, GEMM cases, and
+the other kinds. The AMD cases come last, from the same generator, so that adding them left the
+earlier cases' inputs unchanged.
 """
 from __future__ import annotations
 
@@ -124,8 +129,11 @@ COMPUTE = {"mma": _compute_mma, "gemm": _compute_gemm, "fake_quant": _compute_fa
 
 # ---- inputs --------------------------------------------------------------------------------------
 def _in_format(fmt: str, x) -> np.ndarray:
-    """float64 values rounded (RNE, saturating where the format allows) into ``fmt``'s storage."""
+    """float64 values rounded (RNE, saturating where the format allows) into ``fmt``'s storage
+    (fp64: the values themselves)."""
     f = get_format(fmt)
+    if f.name == "fp64":
+        return np.asarray(x, np.float64)
     saturate = not f.has_inf
     with np.errstate(over="ignore"):
         return round_format(np.asarray(x, np.float64).astype(np.float32), fmt, saturate=saturate)
@@ -158,9 +166,9 @@ def _edge(rng, fmt, shape):
 
 
 def _c(rng, out_format, shape, edge):
-    fmt = "fp16" if out_format == "fp16" else "fp32"
+    fmt = out_format if out_format in ("fp16", "fp64") else "fp32"
     x = _edge(rng, fmt, shape) if edge else _random(rng, fmt, shape)
-    return x.astype(np.float16 if fmt == "fp16" else np.float32)
+    return x.astype(get_format(fmt).dtype)
 
 
 _FLT_MAX = float.fromhex("0x1.fffffep127")
@@ -196,31 +204,37 @@ def _spec_vectors(fmt: str):
     return a, b, np.array([r[2] for r in rows], np.float64)[:, None, None]  # (B, 1, 1)
 
 
-def _mma_cases(rng):
+def _model_cases(rng, model, k=32):
+    """An edge, a random and a test-vector case (m = n = 4) per input format and output of
+    ``model`` (its default variant)."""
     cases = []
-    for model in mma_models().values():
-        fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
-        for fmt in fmts:
-            outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
-            for out in outs:
-                params = {"model": model.name, "in_format": fmt, "out_format": out}
-                tag = f"mma-{model.name}-{fmt}-{out}"
-                m, k, n = 4, 32, 4
-                b_t = _edge(rng, fmt, (n, k))                               # (n, k)
-                cases.append((f"{tag}-edge", "mma", params, {
-                    "a": _edge(rng, fmt, (m, k)), "b": np.ascontiguousarray(b_t.T),
-                    "c": _c(rng, out, (m, n), edge=True)}))
-                cases.append((f"{tag}-random", "mma", params, {
-                    "a": _random(rng, fmt, (m, k)), "b": _random(rng, fmt, (k, n)),
-                    "c": _c(rng, out, (m, n), edge=False)}))
-                vectors = _spec_vectors(fmt)
-                if vectors is not None:
-                    a, b, c = vectors
-                    with np.errstate(over="ignore"):
-                        c = c.astype(np.float16 if out == "fp16" else np.float32)
-                    cases.append((f"{tag}-spec", "mma", params, {"a": a, "b": b, "c": c}))
-    for model, fmt in (("hopper", "fp16"), ("ampere", "bf16"), ("hopper", "fp8_e4m3fn"),
-                       ("volta", "fp16")):
+    fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
+    for fmt in fmts:
+        outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
+        for out in outs:
+            params = {"model": model.name, "in_format": fmt, "out_format": out}
+            tag = f"mma-{model.name}-{fmt}-{out}"
+            m, n = 4, 4
+            b_t = _edge(rng, fmt, (n, k))                                   # (n, k)
+            cases.append((f"{tag}-edge", "mma", params, {
+                "a": _edge(rng, fmt, (m, k)), "b": np.ascontiguousarray(b_t.T),
+                "c": _c(rng, out, (m, n), edge=True)}))
+            cases.append((f"{tag}-random", "mma", params, {
+                "a": _random(rng, fmt, (m, k)), "b": _random(rng, fmt, (k, n)),
+                "c": _c(rng, out, (m, n), edge=False)}))
+            vectors = _spec_vectors(fmt)
+            if vectors is not None:
+                a, b, c = vectors
+                with np.errstate(over="ignore"):
+                    c = c.astype(get_format(out).dtype)
+                cases.append((f"{tag}-spec", "mma", params, {"a": a, "b": b, "c": c}))
+    return cases
+
+
+def _k4096_cases(rng, pairs):
+    """(2, 4096) x (4096, 2) from +0 for each (model, format): long chains."""
+    cases = []
+    for model, fmt in pairs:
         params = {"model": model, "in_format": fmt, "out_format": "fp32"}
         cases.append((f"mma-{model}-{fmt}-fp32-k4096", "mma", params, {
             "a": _random(rng, fmt, (2, 4096)), "b": _random(rng, fmt, (4096, 2)),
@@ -228,10 +242,17 @@ def _mma_cases(rng):
     return cases
 
 
-def _gemm_cases(rng):
-    m, k, n, g = 4, 512, 256, 128
+def _mma_cases(rng):
+    cases = [c for model in mma_models().values() if model.kind != "mfma"
+             for c in _model_cases(rng, model)]
+    return cases + _k4096_cases(rng, (("hopper", "fp16"), ("ampere", "bf16"),
+                                      ("hopper", "fp8_e4m3fn"), ("volta", "fp16")))
+
+
+def _gemm_cases(rng, m=4, k=512, n=256, specs=None):
+    g = 128
     cases = []
-    specs = (  # name, model, format, split_k, promote_every, scales, out_format
+    specs = specs or (  # name, model, format, split_k, promote_every, scales, out_format
         ("hopper-fp8-promote128", "hopper", "fp8_e4m3fn", 1, g, None, "fp32"),
         ("hopper-fp8-fast-accum", "hopper", "fp8_e4m3fn", 1, None, None, "fp32"),
         ("hopper-fp8-promote128-block-scales", "hopper", "fp8_e4m3fn", 1, g, "block", "bf16"),
@@ -240,18 +261,40 @@ def _gemm_cases(rng):
         ("hopper-fp16-splitk3-fp16-out", "hopper", "fp16", 3, None, None, "fp16"),
     )
     for name, model, fmt, split_k, promote, scales, out in specs:
+        acc = "fp64" if out == "fp64" else "fp32"
         inputs = {"a": _random(rng, fmt, (m, k)), "b": _random(rng, fmt, (k, n)),
-                  "c": _random(rng, "fp32", (m, n)).astype(np.float32)}
+                  "c": _random(rng, acc, (m, n)).astype(get_format(acc).dtype)}
         if scales == "tensor":
             inputs["scale_a"] = np.float32(rng.uniform(0.01, 4)).reshape(())
             inputs["scale_b"] = np.float32(rng.uniform(0.01, 4)).reshape(())
         elif scales == "block":
             inputs["scale_a"] = rng.uniform(2**-8, 4, (m, k // g)).astype(np.float32)
             inputs["scale_b"] = rng.uniform(2**-8, 4, (k // g, n // g)).astype(np.float32)
+        elif scales == "e8m0":                     # the instruction's scales, one per 32 k
+            inputs["scale_a"] = (127 + rng.integers(-4, 5, (m, k // 32))).astype(np.uint8)
+            inputs["scale_b"] = (127 + rng.integers(-4, 5, (k // 32, n))).astype(np.uint8)
         params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": promote,
                   "out_format": out}
         cases.append((f"gemm-{name}", "gemm", params, inputs))
     return cases
+
+
+def _mfma_cases(rng):
+    """The AMD models (mpt.engines.amd): per format and output (K = 40), K = 4096 chains, and
+    GEMMs — split-K in whole instructions, FNUZ FP8 as Transformer Engine runs it on MI300,
+    FP64, and CDNA4's E8M0 block scales."""
+    models = [m for m in mma_models().values() if m.kind == "mfma"]
+    g = 128
+    gemms = (
+        ("cdna3-fp16-splitk3", "cdna3", "fp16", 3, None, None, "fp32"),
+        ("cdna3-fp8-e4m3fnuz-promote128-tensor-scales", "cdna3", "fp8_e4m3fnuz", 1, g, "tensor",
+         "bf16"),
+        ("cdna2-fp64-splitk2", "cdna2", "fp64", 2, None, None, "fp64"),
+        ("cdna4-fp4-e8m0-block-scales-splitk2", "cdna4", "fp4_e2m1fn", 2, None, "e8m0", "fp32"),
+    )
+    return [c for model in models for c in _model_cases(rng, model, k=40)] + _k4096_cases(
+        rng, (("cdna1", "fp16"), ("cdna2", "bf16"), ("cdna3", "fp16"), ("cdna3", "fp8_e4m3fnuz"),
+              ("cdna4", "fp8_e4m3fn"))) + _gemm_cases(rng, n=16, specs=gemms)
 
 
 def _fake_quant_cases(rng):
@@ -321,5 +364,5 @@ def _train_cases(rng):
 def default_cases(rng: np.random.Generator) -> list[tuple]:
     """The non-rounding cases of the default suite, as (name, kind, params, inputs)."""
     return [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
-                            _grad_scaler_cases, _attention_cases, _train_cases)
+                            _grad_scaler_cases, _attention_cases, _train_cases, _mfma_cases)
             for c in build(rng)]

@@ -15,13 +15,14 @@ mma             fp32 output: on CUDA, fp16/bf16 2-D inputs go to the Tensor Core
                 otherwise ``torch.matmul(a.float(), b.float()) + c`` — a float32 GEMM of the
                 exactly widened inputs (on CUDA with TF32 off); tf32 inputs: the same with
                 ``allow_tf32=True`` on CUDA (plain float32 on CPU); fp16 output:
-                ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs). c is added after the
-                product, where an MMA starts from it: compare cases with c = 0, or read the
-                differences in that light.
-                fp8/fp6/fp4 inputs: skipped (no portable matmul)
-gemm            as mma's fp32 output, then ``.to(out dtype)``; per-tensor scales multiply the
-                float32 product first (``alpha·(a@b) + c``, alpha = f32(sa·sb)); split-K and
-                promotion are not controllable; FP8 and block-scaled cases are skipped
+                ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs); fp64 (AMD's f64 cases):
+                ``torch.matmul(a, b) + c`` in float64. c is added after the product, where an
+                MMA starts from it: compare cases with c = 0, or read the differences in that
+                light. fp8/fp6/fp4 inputs (FNUZ and OCP): skipped (no portable matmul)
+gemm            as mma's fp32 (fp64) output, then ``.to(out dtype)``; per-tensor scales multiply
+                the float32 product first (``alpha·(a@b) + c``, alpha = f32(sa·sb)); split-K and
+                promotion are not controllable; FP8, FP4 and block-scaled (E8M0 included) cases
+                are skipped
 fake_quant      ``torch.fake_quantize_per_tensor_affine`` / ``..._per_channel_affine`` via their
                 ``_cachemask`` aten variants (y and the straight-through mask)
 optim           ``torch.optim.SGD`` / ``AdamW`` with ``foreach=False, fused=False`` (the
@@ -30,6 +31,16 @@ grad_scaler     ``torch.amp.GradScaler(device)`` driving an SGD(lr=0) step per f
 attention       ``torch.nn.functional.scaled_dot_product_attention`` in the input dtype,
                 forward and ``backward(grad_out)`` (PyTorch picks its own backend)
 ==============  ===========================================================================
+
+**AMD (ROCm builds of torch).** ``--device cuda`` is the GPU of whichever build of torch is
+installed: on a ROCm build (``torch.version.hip`` set) it is an AMD Instinct GPU, and the same
+calls run on its Matrix Cores through hipBLASLt — fp16/bf16 ``torch.mm(..., out_dtype=float32)``,
+fp64 DGEMMs, and tf32 as xf32 where hipBLASLt honours ``allow_tf32`` (MI300). The cases of the
+``cdna*`` models are the ones such a run should verify bit-exact (on the instruction hipBLASLt
+picks; mpt's default is Triton's, see ``mpt.engines.amd``). mpt's own tests never run on a GPU:
+this mapping is untested on hardware. On the CPU, torch computes every matmul case with its own
+BLAS; the AMD cases then run and differ like the others, and their FNUZ/OCP fp8, fp4 and E8M0
+cases are skipped.
 
 Outputs of 8/16-bit float dtypes are written as their bit patterns (NaN payloads kept); the rest
 in their own dtype.
@@ -48,9 +59,10 @@ __all__ = ["run_torch", "TORCH_DTYPES"]
 
 #: mpt format name -> torch dtype attribute
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32",
+                "fp64": "float64",
                 "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
                 "fp8_e4m3fnuz": "float8_e4m3fnuz", "fp8_e5m2fnuz": "float8_e5m2fnuz"}
-_MATMUL_FORMATS = ("fp16", "bf16", "fp32", "tf32")
+_MATMUL_FORMATS = ("fp16", "bf16", "fp32", "tf32", "fp64")
 
 
 def _import_torch():
@@ -96,11 +108,14 @@ class _Adapter:
 
     def _addmm(self, a, b, c, fmt, alpha=None):
         torch = self.torch
-        cuda = self.device.startswith("cuda")
+        cuda = self.device.startswith("cuda")             # NVIDIA, or AMD on a ROCm build
+        if fmt == "fp64":                                 # DGEMM (AMD: the f64 MFMA instructions)
+            d = torch.matmul(self.t(a), self.t(b))
+            return d if c is None else d + self.t(c)
         tc = self.t(c).float() if c is not None else None
         if cuda and fmt in ("fp16", "bf16") and a.ndim == 2:
-            # The Tensor Core path: cuBLAS fp16/bf16 GEMM with an FP32 result (what the
-            # hopper/ampere presets model; c is still added after the product).
+            # The Tensor Core (Matrix Core) path: cuBLAS/hipBLASLt fp16/bf16 GEMM with an FP32
+            # result (what the hopper/ampere/cdna presets model; c is added after the product).
             d = torch.mm(self.t(a, fmt), self.t(b, fmt), out_dtype=torch.float32)
             d = d if alpha is None else d * alpha
             return d if tc is None else d + tc

@@ -29,8 +29,10 @@ from numba.core.extending import intrinsic
 
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
-           "fma_chain", "block_chain_packed", "fma_tile"]
+__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "pack_rows", "pack_cols", "pack_tiles",
+           "unpack_tiles", "fma_chain", "block_chain_packed", "fma_tile",
+           # building blocks of LLVM IR kernels over these panels (mpt.kernels.mfma uses them)
+           "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
@@ -39,7 +41,7 @@ ROWS = 8                 # tile rows of the FMA kernel: 16 accumulator registers
 BLOCK_ROWS = 8           # tile rows of the block kernel (its sum pass spills a few of its 16 + 16
                          # scale and total registers, yet 8 rows measured faster than 4 or 6)
 _KC = 512                # k-slice per FMA micro-kernel call: packed panels stay in L1/L2
-_ROW_TILES = 8           # row tiles per parallel task (they share one B panel in cache)
+ROW_TILES = 8            # row tiles per parallel task (they share one B panel in cache)
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -48,7 +50,8 @@ _VF32 = ir.VectorType(_F32, _LANES)
 _VI32 = ir.VectorType(_I32, _LANES)
 
 
-def _const(n):
+def const(n):
+    """An LLVM i64 constant (indices and counts in the emitted IR)."""
     return ir.Constant(_I64, n)
 
 
@@ -59,32 +62,32 @@ def _pointer(builder, addr, elem=_F32):
 def _tile_pointers(builder, addr, ld, rows, vtype):
     """Vector pointers to the rows x _VECS vectors of a tile at addr with row stride ld elements."""
     base = _pointer(builder, addr, vtype.element)
-    offsets = [builder.add(builder.mul(_const(r), ld), _const(_LANES * v))
+    offsets = [builder.add(builder.mul(const(r), ld), const(_LANES * v))
                for r in range(rows) for v in range(_VECS)]
     return [builder.bitcast(builder.gep(base, [o]), vtype.as_pointer()) for o in offsets]
 
 
-def _panel_vectors(builder, addr, k):
+def panel_vectors(builder, addr, k):
     """The _VECS vectors of row k of a packed (K, COLS) float32 panel."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _const(COLS))])
-    ptrs = [builder.bitcast(builder.gep(row, [_const(_LANES * v)]), _VF32.as_pointer())
+    row = builder.gep(_pointer(builder, addr), [builder.mul(k, const(COLS))])
+    ptrs = [builder.bitcast(builder.gep(row, [const(_LANES * v)]), _VF32.as_pointer())
             for v in range(_VECS)]
     return [builder.load(p, align=4) for p in ptrs]
 
 
-def _panel_splats(builder, addr, k, rows):
+def panel_splats(builder, addr, k, rows):
     """Row k of a packed (K, rows) float32 panel, each value broadcast to a vector."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _const(rows))])
+    row = builder.gep(_pointer(builder, addr), [builder.mul(k, const(rows))])
     zeros = ir.Constant(ir.VectorType(_I32, _LANES), [0] * _LANES)
     out = []
     for r in range(rows):
-        x = builder.load(builder.gep(row, [_const(r)]), align=4)
+        x = builder.load(builder.gep(row, [const(r)]), align=4)
         v = builder.insert_element(ir.Constant(_VF32, ir.Undefined), x, ir.Constant(_I32, 0))
         out.append(builder.shuffle_vector(v, ir.Constant(_VF32, ir.Undefined), zeros))
     return out
 
 
-def _k_loop(builder, nk, state, body):
+def k_loop(builder, nk, state, body):
     """Emit ``for k in range(nk): state = body(k, state)``; return the final state (SSA values)."""
     entry = builder.block
     head = builder.append_basic_block("k.head")
@@ -93,7 +96,7 @@ def _k_loop(builder, nk, state, body):
     builder.branch(head)
     builder.position_at_end(head)
     k = builder.phi(_I64)
-    k.add_incoming(_const(0), entry)
+    k.add_incoming(const(0), entry)
     phis = []
     for value in state:
         phi = builder.phi(value.type)
@@ -102,7 +105,7 @@ def _k_loop(builder, nk, state, body):
     builder.cbranch(builder.icmp_signed("<", k, nk), loop, done)
     builder.position_at_end(loop)
     new = body(k, phis)
-    k.add_incoming(builder.add(k, _const(1)), builder.block)
+    k.add_incoming(builder.add(k, const(1)), builder.block)
     for phi, value in zip(phis, new):
         phi.add_incoming(value, builder.block)
     builder.branch(head)
@@ -110,7 +113,8 @@ def _k_loop(builder, nk, state, body):
     return phis
 
 
-def _vector_intrinsic(builder, name, vtype, arity):
+def vector_intrinsic(builder, name, vtype, arity):
+    """The LLVM intrinsic ``name`` (e.g. ``llvm.fma.v16f32``) over ``arity`` vectors of vtype."""
     fnty = ir.FunctionType(vtype, [vtype] * arity)
     return cgutils.get_or_insert_function(builder.module, fnty, name)
 
@@ -128,29 +132,29 @@ def _tile_intrinsic(emit):
 
 def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
     """C[ROWS, COLS] (row stride ldc) = fma(A[k, r], B[k, j], C[r, j]) for k = 0..nk-1."""
-    vfma = _vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
+    vfma = vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
     ptrs = _tile_pointers(builder, c_addr, ldc, ROWS, _VF32)
 
     def step(k, acc):
-        b = _panel_vectors(builder, b_addr, k)
-        a = _panel_splats(builder, a_addr, k, ROWS)
+        b = panel_vectors(builder, b_addr, k)
+        a = panel_splats(builder, a_addr, k, ROWS)
         return [builder.call(vfma, [a[i // _VECS], b[i % _VECS], acc[i]]) for i in range(len(acc))]
-    acc = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
+    acc = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
     for p, value in zip(ptrs, acc):
         builder.store(value, p, align=4)
 
 
 def _emit_anchor(builder, anchor_addr, unused, pa_addr, pb_addr, nk):
     """anchor[BLOCK_ROWS, COLS] = max(anchor, pa[k, r]·pb[k, j]) over k = 0..nk-1."""
-    vmax = _vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    ptrs = _tile_pointers(builder, anchor_addr, _const(COLS), BLOCK_ROWS, _VF32)
+    vmax = vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    ptrs = _tile_pointers(builder, anchor_addr, const(COLS), BLOCK_ROWS, _VF32)
 
     def step(k, anchor):
-        b = _panel_vectors(builder, pb_addr, k)
-        a = _panel_splats(builder, pa_addr, k, BLOCK_ROWS)
+        b = panel_vectors(builder, pb_addr, k)
+        a = panel_splats(builder, pa_addr, k, BLOCK_ROWS)
         return [builder.call(vmax, [anchor[i], builder.fmul(a[i // _VECS], b[i % _VECS])])
                 for i in range(len(anchor))]
-    anchor = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
+    anchor = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
     for p, value in zip(ptrs, anchor):
         builder.store(value, p, align=4)
 
@@ -159,16 +163,16 @@ def _emit_sum(builder, total_addr, scale_addr, va_addr, vb_addr, nk):
     """total[BLOCK_ROWS, COLS] += int32(va[k, r]·vb[k, j]·scale[r, j]) over k = 0..nk-1
     (fptosi truncates toward zero: the spec's per-term truncation)."""
     scale = [builder.load(p, align=4)
-             for p in _tile_pointers(builder, scale_addr, _const(COLS), BLOCK_ROWS, _VF32)]
-    ptrs = _tile_pointers(builder, total_addr, _const(COLS), BLOCK_ROWS, _VI32)
+             for p in _tile_pointers(builder, scale_addr, const(COLS), BLOCK_ROWS, _VF32)]
+    ptrs = _tile_pointers(builder, total_addr, const(COLS), BLOCK_ROWS, _VI32)
 
     def step(k, total):
-        b = _panel_vectors(builder, vb_addr, k)
-        a = _panel_splats(builder, va_addr, k, BLOCK_ROWS)
+        b = panel_vectors(builder, vb_addr, k)
+        a = panel_splats(builder, va_addr, k, BLOCK_ROWS)
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // _VECS], b[i % _VECS]), scale[i]), _VI32))
             for i in range(len(total))]
-    total = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
+    total = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
     for p, value in zip(ptrs, total):
         builder.store(value, p, align=4)
 
@@ -235,7 +239,7 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = ap.shape[1], bp.shape[1]
-    groups = (mt + _ROW_TILES - 1) // _ROW_TILES
+    groups = (mt + ROW_TILES - 1) // ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
@@ -243,7 +247,7 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
         a_z, b_panel = ap[ia[z]], bp[ib[z], jt]
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
-            for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
+            for it in range(g * ROW_TILES, min(mt, (g + 1) * ROW_TILES)):
                 _fma_tile(acc[z, it * ROWS:, jt * COLS:].ctypes.data, ldc,
                           a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
 
@@ -260,7 +264,7 @@ def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
-    groups = (mt + _ROW_TILES - 1) // _ROW_TILES
+    groups = (mt + ROW_TILES - 1) // ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
@@ -272,7 +276,7 @@ def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, block):
             nk = min(block, k1 - kb)
-            for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
+            for it in range(g * ROW_TILES, min(mt, (g + 1) * ROW_TILES)):
                 tile = acc[z, it, jt]
                 block_start(tile, anchor, zero_pow2, out[0])
                 _anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,

@@ -41,7 +41,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels.threads import one_thread
 
 __all__ = ["magnitude_range", "decode_terms", "block_chain", "exact_chain", "mul_add_chain",
-           "threads_for"]
+           "threads_for", "pow2_floor", "recip_pow2"]
 
 _PARALLEL_WORK = 1 << 18  # products below which waking worker threads costs more than it saves
 
@@ -76,13 +76,13 @@ def _from_bits(typingctx, x):
 
 
 @njit(inline="always")
-def _pow2_floor(x):
+def pow2_floor(x):
     """2^floor(log2|x|) for a finite non-zero normal float64 (0 for ±0)."""
     return _from_bits(_as_bits(x) & _EXP_MASK)
 
 
 @njit(inline="always")
-def _recip_pow2(p):
+def recip_pow2(p):
     """1/p, exactly, for p a power of two whose reciprocal is a normal float64."""
     return _from_bits(_RECIP_BITS - _as_bits(p))
 
@@ -119,7 +119,7 @@ def decode_terms(x, emin_pow2, value, nominal):
     for i in range(x.size):
         v = np.float64(x[i])
         value[i] = v
-        nominal[i] = max(_pow2_floor(v), emin_pow2) if (v != 0.0 and abs(v) < np.inf) else 0.0
+        nominal[i] = max(pow2_floor(v), emin_pow2) if (v != 0.0 and abs(v) < np.inf) else 0.0
 
 
 @njit(inline="always")
@@ -132,8 +132,8 @@ def _round_out(total, q, out_min_pow2, out_ulp, out_max, nearest):
     total is +0; a non-zero total that rounds to zero keeps its sign.
     """
     v = total * q
-    grid = max(_pow2_floor(v), out_min_pow2) * out_ulp
-    x = v * _recip_pow2(grid)
+    grid = max(pow2_floor(v), out_min_pow2) * out_ulp
+    x = v * recip_pow2(grid)
     x = (np.rint(x) if nearest else np.trunc(x)) * grid
     x = x if abs(x) <= out_max else np.copysign(np.inf, x)
     x = x if abs(v) < np.inf else v
@@ -145,7 +145,7 @@ def block_start(d, anchor, zero_pow2, out_min_pow2):
     """Step 5 begins: anchor = max(2^e_zero, nominal(c)) for each accumulator value c of d (W,)."""
     for w in range(d.shape[0]):
         c = d[w]
-        nominal_c = max(_pow2_floor(c), out_min_pow2) if (c != 0.0 and abs(c) < np.inf) else 0.0
+        nominal_c = max(pow2_floor(c), out_min_pow2) if (c != 0.0 and abs(c) < np.inf) else 0.0
         anchor[w] = max(nominal_c, zero_pow2)
 
 
@@ -155,7 +155,7 @@ def block_scale(d, anchor, scale, c_term, total, fraction_bits, scale_cap):
     c's truncated term (float64: c may be Inf or NaN), products' total = 0."""
     two_f = 2.0 ** fraction_bits   # hoisted: a power inside the loop is a libm call per element
     for w in range(d.shape[0]):
-        inv_q = _recip_pow2(np.float64(anchor[w])) * two_f
+        inv_q = recip_pow2(np.float64(anchor[w])) * two_f
         c_term[w] = np.trunc(d[w] * inv_q)
         scale[w] = min(inv_q, scale_cap)
         total[w] = 0

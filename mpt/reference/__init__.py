@@ -4,6 +4,7 @@ Never imports ``mpt.kernels``: an oracle must be independent of the kernel it ch
 """
 from mpt.reference import ops  # noqa: E402,F401  float64 oracles of mpt.functional (autograd-core)
 from mpt.reference import mma  # noqa: E402,F401  exact-rational oracles of mpt.mma / mpt.gemm
+from mpt.reference import mfma  # noqa: E402,F401  exact-rational oracles of the AMD MFMA models
 from mpt.reference import optim  # noqa: E402,F401  oracles of optimizers, loss scaling, FP8
 from mpt.reference import quant  # noqa: E402,F401  oracles of fake quant, LSQ, NF4, requantization
 from mpt.reference import rounding  # noqa: E402,F401  exact decoding and rounding, every mode

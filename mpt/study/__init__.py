@@ -9,7 +9,9 @@ initialisation, the order of the training batches and the stochastic-rounding ke
 ``corpus_seed`` the chain (the held-out batches depend on it alone). AdamW (β = (0.9, 0.95), no
 weight decay, eps 1e-8), learning rate 3e-3 with 20 warm-up steps and cosine decay to 3e-4, 400
 steps. The Numba kernels run on one thread (small tensors: faster, and the bits never depend on
-it).
+it). Attention is FlashAttention-2 (``attention="flash"``) where its kernels run every recipe's
+GEMM model on the target, else the naive backend for every recipe alike (``"naive"``: AMD
+targets, whose MFMA models run through ``mpt.gemm`` only).
 
 **Why the loss is multiplied by 2⁻¹¹.** The gradient of a mean loss over ``N`` tokens carries a
 factor ``1/N``: the logits gradient of one token is ``(softmax − onehot)/N``. A real run averages

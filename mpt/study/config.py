@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from mpt._checks import check_bool, check_int
 from mpt.amp.recipes import get_recipe, recipe_names
+from mpt.functional.attention import flash_runs
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig
 
@@ -39,6 +40,7 @@ class StudyConfig:
     corpus_seed: int = 0
     text: str | None = None
     quant: bool = True
+    attention: str | None = None
 
     def __post_init__(self):
         target = get_target(self.target)
@@ -50,6 +52,7 @@ class StudyConfig:
         object.__setattr__(self, "recipes", tuple(get_recipe(r, target).name for r in names))
         if not self.recipes:
             raise ValueError("recipes must name at least one recipe")
+        object.__setattr__(self, "attention", self._attention_backend(target))
         for name in ("steps", "d_model", "n_layers", "n_heads", "seq_len", "batch",
                      "eval_batches", "global_batch_tokens", "sharpness"):
             object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
@@ -65,6 +68,20 @@ class StudyConfig:
             raise ValueError(f"global_batch_tokens ({self.global_batch_tokens}) must be at least "
                              f"the micro-batch's {self.micro_tokens} tokens")
         self.train_config()          # checks lr, min_lr, warmup_steps, betas, weight_decay, seed
+
+    def _attention_backend(self, target) -> str:
+        """``attention``: "flash" or "naive"; None picks "flash" when the flash kernels run every
+        recipe's GEMM model (NVIDIA, the CPU), else "naive" for all recipes alike (AMD: the MFMA
+        models run through mpt.gemm), so that the rows differ by their recipes alone."""
+        if self.attention is not None:
+            if self.attention not in ("flash", "naive"):
+                raise ValueError(f"attention must be None, 'flash' or 'naive'; got "
+                                 f"{self.attention!r}")
+            return self.attention
+        recipes = [get_recipe(r, target) for r in self.recipes]
+        flash = all(flash_runs("fp32" if r.compute_format == "tf32" else r.compute_format,
+                               r.matmul_model) for r in recipes)
+        return "flash" if flash else "naive"
 
     @property
     def micro_tokens(self) -> int:

@@ -58,7 +58,8 @@ def _heading(result: StudyResult) -> list[str]:
     return [f"GPT d_model={c.d_model} layers={c.n_layers} heads={c.n_heads} context={c.seq_len}, "
             f"batch {c.batch}, {c.steps} steps; loss x {_multiplier(c.loss_multiplier)} (the "
             f"gradient size of a {c.global_batch_tokens}-token batch)",
-            f"target {target.name}: {target.description} ({target.evidence})", best]
+            f"target {target.name}: {target.description} ({target.evidence}); attention "
+            f"{c.attention}", best]
 
 
 def format_table(result: StudyResult) -> str:

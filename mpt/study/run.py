@@ -120,7 +120,7 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
     corpus = _corpus(config) if corpus is None else corpus
     recipe = get_recipe(recipe, config.target)
     network = GPT(corpus.vocab, config.d_model, config.n_layers, config.n_heads, config.seq_len,
-                seed=config.seed)
+                  seed=config.seed, backend=config.attention)
     trainer = Trainer(network, recipe, config.train_config())
     bar = _Progress(recipe.name, config.steps, progress)
     start = time.perf_counter()
