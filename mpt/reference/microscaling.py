@@ -120,7 +120,7 @@ def quantize_mx_reference(x, fmt, *, block, rule, mode="nearest_even", words=Non
             shift = code - 127
         for r, c in cells:
             v = x[r][c]
-            if shift is None or not math.isfinite(v):
+            if shift is None or not math.isfinite(v) or v == 0:    # a float keeps -0's sign
                 y = math.nan if shift is None else v
             else:
                 y = Fraction(v) / Fraction(2) ** shift
