@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from mpt import microscaling as ms
 from mpt.formats import get_format
-from mpt.fp8 import mx_quantize
 from mpt.kernels.random import random_words
 from mpt.reference import microscaling as ref
 from mpt.reference.mma import block_dot_reference
@@ -257,16 +256,6 @@ def test_stochastic_rounding_mean_over_all_words_is_exact(mode, rbits):
         lo = (y // grid) * grid
         want = min(lo + grid * Fraction(math.floor((y - lo) / grid * n), n), Fraction(6))
         assert abs(mean[j]) == want * step, j
-
-
-# ---- mpt.fp8.mx_quantize delegates --------------------------------------------------------------
-def test_mx_quantize_is_the_ocp_quantizer():
-    x = make_matrix(9, 4, 80, specials=True)
-    for fmt in ("e4m3", "e5m2", "e2m3", "e3m2", "e2m1"):
-        old = mx_quantize(x, fmt)
-        new = ms.quantize_mx(x, fmt)
-        assert np.array_equal(old.data.view(np.uint8), new.codes.view(np.uint8))
-        assert np.array_equal(old.scales.view(np.uint8), new.scales.view(np.uint8))
 
 
 # ---- the random Hadamard transform ------------------------------------------------------------------

@@ -38,6 +38,7 @@ import numpy as np
 from mpt import rounding as _rounding
 from mpt.formats import get_format
 from mpt.kernels import blockscaled as _bs
+from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
 
 __all__ = ["BlockScaledKind", "KINDS", "ARCHS", "ZERO_RULES", "block_scaled_mma"]
@@ -180,6 +181,56 @@ def _scale_terms(s, sfmt, zero_rule, repeat, axis):
     return v, p
 
 
+def _scaled(x, fmt, sv, sp, block, along_rows, zero_nominal, dtype):
+    """(values, nominal powers of two) of an operand with its E8M0 scales folded in."""
+    value, nominal = np.empty(x.shape, dtype), np.empty(x.shape, dtype)
+    _bs.scaled_terms(x, 2.0**get_format(fmt).emin, zero_nominal, sv, sp, block, along_rows,
+                     value, nominal)
+    return value, nominal
+
+
+def _packable(a, b, sa, sb):
+    """Whether the scale-folded operands meet the register kernel's conditions (those of
+    ``mpt.kernels.gemm.block_chain_packed``): finite, within float32 (an element's last bit
+    times 2^-127 is at least 2^-143, so they are then exact), every non-zero product within
+    [2^-60, 2^60]. Bounds: |a·sa| over all blocks, from the elements' and scales' ranges."""
+    ranges = []
+    for x, s in ((a, sa), (b, sb)):
+        finite, lo, hi = _mma.magnitude_range(x)
+        s_finite, s_lo, s_hi = _mma.magnitude_range(s)
+        if not (finite and s_finite) or hi * s_hi >= 2.0**127:
+            return False
+        ranges.append((lo * s_lo, hi * s_hi))
+    (lo_a, hi_a), (lo_b, hi_b) = ranges
+    return hi_a == 0 or hi_b == 0 or (lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60)
+
+
+def _product_terms_chain(a, b, sa, sb, fa, fb, sfmt, block, zero_rule, acc, ia, ib, spec,
+                         zero_pow2):
+    """kind::mxf8f6f4: the block model on scale-folded operands; the register kernel
+    (``product_chain_packed``) where its conditions hold, else ``mpt.kernels.mma.block_chain``.
+    Returns the (B, M, N) float64 accumulator."""
+    sav, sap = _scale_terms(sa, sfmt, zero_rule, 1, -1)            # (Ba, M, K/32)
+    sbv, sbp = _scale_terms(sb, sfmt, zero_rule, 1, -2)            # (Bb, K/32, N)
+    zero_nominal = 0.0 if zero_rule == "mpt" else 2.0**-126
+    params = (spec.k, spec.fraction_bits, zero_pow2, _RZ_FP32)
+    k = a.shape[-1]
+    if zero_rule == "mpt" and _packable(a, b, sav, sbv):
+        rows = _gemm.BLOCK_ROWS
+        av, ap = _scaled(a, fa, sav, sap, block, False, zero_nominal, np.float32)
+        bv, bp = _scaled(b, fb, sbv, sbp, block, True, zero_nominal, np.float32)
+        a_p = [_gemm.pack_rows(x, rows) for x in (av, ap)]
+        b_p = [_gemm.pack_cols(x) for x in (bv, bp)]
+        m, n = acc.shape[1:]
+        tiles = _gemm.pack_tiles(acc, rows)
+        _bs.product_chain_packed(*a_p, *b_p, tiles, ia, ib, 0, k, *params)
+        return np.ascontiguousarray(_gemm.unpack_tiles(tiles, rows, m, n))
+    av, ap = _scaled(a, fa, sav, sap, block, False, zero_nominal, np.float64)
+    bv, bp = _scaled(b, fb, sbv, sbp, block, True, zero_nominal, np.float64)
+    _mma.block_chain(av, ap, bv, bp, acc, ia, ib, 0, k, *params)
+    return acc
+
+
 def block_scaled_mma(a, b, scale_a, scale_b, c=None, *, kind, scale_format, block,
                      arch="blackwell", zero_rule="mpt"):
     """D = A·B + C with block scales applied inside Blackwell's block-scaled MMA (see module).
@@ -206,13 +257,8 @@ def block_scaled_mma(a, b, scale_a, scale_b, c=None, *, kind, scale_format, bloc
     zero_pow2 = 2.0 ** (_E_ZERO if zero_rule == "mpt" else -126)
     with np.errstate(invalid="ignore", over="ignore"), _mma.threads_for(ia.size * m * n * k):
         if spec.terms == "product":
-            sav, sap = _scale_terms(sa_flat, sfmt, zero_rule, block, -1)   # (Ba, M, K)
-            sbv, sbp = _scale_terms(sb_flat, sfmt, zero_rule, block, -2)   # (Bb, K, N)
-            av, ap = _terms(a_flat, get_format(fa).emin, zero_rule)
-            bv, bp = _terms(b_flat, get_format(fb).emin, zero_rule)
-            # 2^e(s) scaling of values and nominal exponents is exact in float64
-            _mma.block_chain(av * sav, ap * sap, bv * sbv, bp * sbp, acc, ia, ib, 0, k,
-                             spec.k, spec.fraction_bits, zero_pow2, _RZ_FP32)
+            acc = _product_terms_chain(a_flat, b_flat, sa_flat, sb_flat, fa, fb, sfmt, block,
+                                       zero_rule, acc, ia, ib, spec, zero_pow2)
         else:
             per = block // _bs.GROUP
             sav, sap = _scale_terms(sa_flat, sfmt, zero_rule, per, -1)     # (Ba, M, K/16)
