@@ -411,7 +411,7 @@ def quantize_nvfp4(x, *, axis=-1, block=16, scale_rule="te", mode="nearest_even"
                             get_format("fp8_e4m3fn"), layout.block, layout.axis, s_dec, amax)
 
 
-# ---- the 16x16 random Hadamard transform ----------------------------------------------------------
+# ---- the 16x16 random Hadamard transform ---------------------------------------------------------
 #: TE's fixed sign vector of the NVFP4 weight-gradient RHT: bit i set <=> s_i = -1.
 RHT_SIGN_MASK = 0xD7E8
 

@@ -101,7 +101,7 @@ def test_directed_vectors_match_mma_sim(name, case, mma_sim, mpt_rule):
     assert run_one(kind, *args, rule="mpt", **case) == (mma_sim if mpt_rule is None else mpt_rule)
 
 
-# ---- random operands against the oracle -----------------------------------------------------------
+# ---- random operands against the oracle ----------------------------------------------------------
 CONFIGS = [(arch, kind, scale, block) for arch, combos in bs.ARCHS.items()
            for kind, scale, block in combos]
 
@@ -219,3 +219,28 @@ def test_errors():
         bs.block_scaled_mma(a, b, sa, sb, np.zeros((2, 3)), **kw)
     with pytest.raises(ValueError, match="zero_rule"):
         bs.block_scaled_mma(a, b, sa, sb, zero_rule="ieee", **kw)
+
+
+def test_register_path_equals_oracle():
+    """Quantized normal data meets the register kernel's conditions (checked): its bits are the
+    oracle's, tile padding and int32 partial sums included (M, N not multiples of the tiles)."""
+    from mpt.microscaling import quantize_mx
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((20, 96)) * np.exp2(rng.integers(-6, 6, (20, 96)))).astype(np.float32)
+    w = (rng.standard_normal((96, 37)) * 4).astype(np.float32)
+    qa, qb = quantize_mx(x, "e4m3"), quantize_mx(w, "e5m2", axis=0)
+    av = qa.codes.astype(np.float32)
+    sav = qa.scales.astype(np.float64)
+    assert bs._packable(av, qb.codes.astype(np.float32), sav, qb.scales.astype(np.float64))
+    c = rng.standard_normal((20, 37)).astype(np.float32)
+    d = bs.block_scaled_mma(qa.codes, qb.codes, qa.scales, qb.scales, c, kind="mxf8f6f4",
+                            scale_format="ue8m0", block=32)
+    a64, b64 = qa.codes.astype(np.float64), qb.codes.astype(np.float64)
+    sb64 = qb.scales.astype(np.float64)
+    for i in range(0, 20, 3):
+        for j in range(0, 37, 4):
+            want = block_scaled_dot_reference(
+                list(a64[i]), list(b64[:, j]), list(sav[i]), list(sb64[:, j]), float(c[i, j]),
+                kind="mxf8f6f4", block=32, a_format="fp8_e4m3fn", b_format="fp8_e5m2",
+                scale_format="e8m0")
+            assert np.float32(want).view(np.uint32) == d[i, j].view(np.uint32), (i, j)

@@ -151,7 +151,7 @@ def test_nvfp4_scale_rules_differ_at_e4m3_ties(amax, block_amax, differs):
     assert abs(got["te"] - got[differs]) == 1
 
 
-# ---- decode ---------------------------------------------------------------------------------------
+# ---- decode --------------------------------------------------------------------------------------
 @settings(max_examples=30)
 @given(seed=st.integers(0, 2**32 - 1), fmt=st.sampled_from(ms.MX_ELEMENT_FORMATS), block=blocks,
        rule=st.sampled_from(["ocp", "trainium"]))
@@ -195,7 +195,7 @@ def test_nvfp4_decode_is_the_exact_product(seed, block):
         assert Fraction(d[i, j]) == want
 
 
-# ---- layout -----------------------------------------------------------------------------------------
+# ---- layout --------------------------------------------------------------------------------------
 @settings(max_examples=20)
 @given(seed=st.integers(0, 2**32 - 1), mode=modes)
 def test_16x16_tiles_are_the_same_seen_from_either_axis(seed, mode):
@@ -231,7 +231,7 @@ def test_axis_moves_blocks_and_words_together():
     assert np.array_equal(seeded.codes.view(np.uint8), explicit.codes.view(np.uint8))
 
 
-# ---- stochastic rounding: exact expectation over the words ------------------------------------------
+# ---- stochastic rounding: exact expectation over the words ---------------------------------------
 @pytest.mark.parametrize("mode, rbits", [("stochastic_8bit", 8), ("stochastic", 12)])
 def test_stochastic_rounding_mean_over_all_words_is_exact(mode, rbits):
     """Every row is the same NVFP4 block rounded with one word; over all 2^rbits top-bit patterns
@@ -258,7 +258,7 @@ def test_stochastic_rounding_mean_over_all_words_is_exact(mode, rbits):
         assert abs(mean[j]) == want * step, j
 
 
-# ---- the random Hadamard transform ------------------------------------------------------------------
+# ---- the random Hadamard transform ---------------------------------------------------------------
 def test_rht_matrix_is_tes_and_orthogonal():
     te_signs = [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]   # TE's reference
     h = np.array([[(-1) ** bin(i & j).count("1") for j in range(16)] for i in range(16)])
@@ -324,7 +324,7 @@ def test_hadamard_transform_on_both_operands_preserves_the_product():
         assert got != exact or r > 100                        # the rounding is visible
 
 
-# ---- errors ---------------------------------------------------------------------------------------
+# ---- errors --------------------------------------------------------------------------------------
 def test_errors():
     x = np.ones((2, 32), np.float32)
     with pytest.raises(ValueError, match="MX element format"):

@@ -237,12 +237,13 @@ def block_scaled_mma(a, b, scale_a, scale_b, c=None, *, kind, scale_format, bloc
 
     a: (..., M, K) element codes (ml_dtypes dtypes: float8_e4m3fn / float8_e5m2 / float6_* /
     float4_e2m1fn for mxf8f6f4, float4_e2m1fn for mxf4 and mxf4nvf4); b: (..., K, N).
-    scale_a: a's batch dimensions + (M, K/block), scale_b: b's + (K/block, N) — ``float8_e8m0fnu`` codes for
-    scale_format "ue8m0" (alias "e8m0"), ``float8_e4m3fn`` codes for "ue4m3" (sign ignored).
-    c: (..., M, N) float32 or None (+0). The batch dimensions of a, b and c broadcast. K must be a multiple of the
-    instruction's K (32 or 64); instructions are chained in increasing k, each result rounded
-    toward zero to FP32 and fed back as the next C. ``arch``: "blackwell" (tcgen05) or
-    "rtx_blackwell" (mma.sync.block_scale); ``zero_rule``: "mpt" or "mma_sim".
+    scale_a: a's batch dimensions + (M, K/block), scale_b: b's + (K/block, N) —
+    ``float8_e8m0fnu`` codes for scale_format "ue8m0" (alias "e8m0"), ``float8_e4m3fn`` codes
+    for "ue4m3" (sign ignored). c: (..., M, N) float32 or None (+0). The batch dimensions of a,
+    b and c broadcast. K must be a multiple of the instruction's K (32 or 64); instructions are
+    chained in increasing k, each result rounded toward zero to FP32 and fed back as the next C.
+    ``arch``: "blackwell" (tcgen05) or "rtx_blackwell" (mma.sync.block_scale); ``zero_rule``:
+    "mpt" or "mma_sim".
     Returns float32 (..., M, N) with canonical NaNs.
     """
     spec, fa, fb, sfmt, batch = _check_args(a, b, scale_a, scale_b, c, kind, scale_format, block,
