@@ -9,7 +9,8 @@ axes divided by the block size (rounded up).
 
 **MX** (:func:`quantize_mx`; OCP Microscaling v1.0): one E8M0 scale X = 2^e per block, elements
 ``round(x / X)`` in the element format (fp8 e4m3/e5m2, fp6 e2m3/e3m2, fp4 e2m1; MXINT8: int8
-codes with an implicit 2^-6, clamped to ±127) in ``mode``, saturating (±Inf and overflow give
+codes with an implicit 2^-6, clamped to ±127 as OCP clamps to ±max, NaN → 0) in ``mode``,
+saturating (±Inf and overflow give
 ±max). The scaled value x·2^-e is exact (float64), so each element is rounded once. Scale
 rules, by name (codes from :mod:`mpt.kernels.microscaling`):
 
@@ -66,7 +67,8 @@ from mpt.kernels import microscaling as K
 from mpt.kernels.random import random_words
 
 __all__ = [
-    "BlockScaledArray", "quantize_mx", "quantize_nvfp4", "MX_ELEMENT_FORMATS", "SCALE_RULES",
+    "BlockScaledArray", "quantize_mx", "quantize_nvfp4", "nvfp4_global_scale",
+    "MX_ELEMENT_FORMATS", "SCALE_RULES", "SCALE_FORMATS",
     "NVFP4_SCALE_RULES", "MODES", "BLOCKS", "RHT_SIGN_MASK", "rht_matrix", "rht_is_orthogonal",
     "hadamard_transform",
 ]
