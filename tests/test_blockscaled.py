@@ -5,10 +5,11 @@ How MMA-Sim (github microsoft/MMA-Sim, commit c785138, run with torch 2.13 outsi
 repository) was compared: 9 instruction configurations (tcgen05 kind::mxf8f6f4 e4m3·e4m3,
 e5m2·e4m3, e5m2·e5m2 with UE8M0; kind::mxf4nvf4 UE8M0 block32 and block16, UE4M3 block16; RTX
 Blackwell mma.block_scale m16n8k32 e4m3·e5m2 and m16n8k64 UE4M3 block32 / UE8M0 block16),
-195,840 random outputs in two seeded runs (random element bytes, narrow-exponent blocks, scale codes near the bias, spread,
-and at the extremes 0x00/0x01/0xFC..0xFE, NaN scales and elements, zero/negative/subnormal
-UE4M3 scales, accumulators around the products' magnitude, zero, subnormal and NaN): 0
-mismatches with ``zero_rule="mma_sim"``; 16 of the first 97,920 differ under ``"mpt"``. The directed vectors below were run through MMA-Sim's
+195,840 random outputs in two seeded runs (random element bytes, narrow-exponent blocks, scale
+codes near the bias, spread, and at the extremes 0x00/0x01/0xFC..0xFE, NaN scales and
+elements, zero/negative/subnormal UE4M3 scales, accumulators around the products' magnitude,
+zero, subnormal and NaN): 0 mismatches with ``zero_rule="mma_sim"``; 16 of the first 97,920
+differ under ``"mpt"``. The directed vectors below were run through MMA-Sim's
 ``dotadd_with_block_scale`` the same way.
 """
 import ml_dtypes
