@@ -1,274 +1,244 @@
-"""Block-scaled MMA: Blackwell's tcgen05 kind::mxf8f6f4 / mxf4 / mxf4nvf4 and RTX Blackwell's
-``mma.sync.block_scale``, bit for bit (reference model: MMA-Sim, arXiv:2511.10909).
+"""L1: block-scaled MMA — the arithmetic kind ``"block_scaled"``: Blackwell's ``tcgen05.mma``
+kind::mxf8f6f4 / mxf4 / mxf4nvf4 and RTX Blackwell's ``mma.sync ... block_scale``, bit for bit
+(reference model: MMA-Sim, arXiv:2511.10909). Its configurations are instruction variants of the
+``blackwell`` and ``rtx_blackwell`` presets (:mod:`mpt.engines.nvidia`):
 
-:func:`block_scaled_mma` computes D = (A ⊙ scale_a)·(B ⊙ scale_b) + C with the block scales
-applied *inside* the instruction, chaining instructions in increasing k (each result, FP32, is
-the next instruction's C):
+    mpt.mma(a, b, c, model="blackwell", variant="mxf4nvf4", scale_a=sa, scale_b=sb)
 
-- **kind "mxf8f6f4"** (K = 32 per instruction, one UE8M0 scale per 32 elements of A and of B):
-  the block model of the Blackwell f8f6f4 MMA — one block of 32 exact products, each with
-  nominal exponent e(a) + e(b) + e(sa) + e(sb), truncated to F = 25 fraction bits below the
-  largest exponent of the products and C, added exactly, rounded toward zero to FP32. Elements
-  e4m3/e5m2 (reference model); e2m1, e3m2 and e2m3 (mixable) follow the same rule with their
-  own minimum exponent (label: assumption — MMA-Sim leaves them TODO).
-- **kinds "mxf4" and "mxf4nvf4"** (K = 64; E2M1 elements): scales UE8M0 per 32 (mxf4,
-  mxf4nvf4), UE8M0 per 16 or UE4M3 per 16 (mxf4nvf4; NVFP4), and on RTX Blackwell also UE4M3
-  per 32. Each group of 16 products is summed exactly, times |sa|·|sb|, with exponent
-  e(sa) + e(sb); the four group terms and C are aligned with F = 35 and rounded toward zero
-  (:mod:`mpt.kernels.blockscaled`). The sign bit of a UE4M3 scale is ignored.
+computes D = (A ⊙ scale_a)·(B ⊙ scale_b) + C with the block scales applied *inside* the
+instruction, chaining instructions in increasing k (each FP32 result is the next C).
+
+**Scales.** ``scale_a``: a's batch dimensions + (M, K/block), ``scale_b``: b's + (K/block, N) —
+one code per ``block`` consecutive k of a row of A / a column of B. The scale format is the
+dtype: ``float8_e8m0fnu`` is UE8M0 (a power of two 2^(code−127), 0xFF NaN), ``float8_e4m3fn``
+holds UE4M3 (its sign bit is ignored, as the hardware ignores it); the block size is K divided
+by the scales' last axis (``scale_a.shape[-1]``). Each variant lists the (format, block) pairs
+it takes (``MMAConfig.param("scales")``). K must be a multiple of the block; a last instruction
+that K does not fill is computed as if the missing k were zero elements with scale code 0x00
+(what TMA's zero fill of out-of-bounds elements and scale factors gives).
+
+- **kind "mxf8f6f4"** (K = 32 per instruction, UE8M0 per 32): the Blackwell f8f6f4 block
+  model on scale-folded operands — one block of 32 exact products, each with nominal exponent
+  e(a) + e(b) + e(sa) + e(sb), truncated to F = 25 fraction bits below the largest exponent of
+  the products and C, added exactly, rounded toward zero to FP32. Elements e4m3/e5m2/e2m1
+  (reference model) and e3m2/e2m3 (the same rule with their own minimum exponent: assumption —
+  MMA-Sim leaves them TODO).
+- **kinds "mxf4" and "mxf4nvf4"** (K = 64; E2M1): each group of 16 products is summed exactly,
+  times |sa|·|sb|, with exponent e(sa) + e(sb); the four group terms and C are aligned with
+  F = 35 and rounded toward zero (:mod:`mpt.kernels.blockscaled`).
 - **Specials**: a NaN scale, a NaN C or a NaN element gives the canonical NaN 0x7FFFFFFF; an Inf
   element (e5m2) gives that Inf (Inf·0 and +Inf with −Inf: NaN); an infinite C gives that Inf
   (assumption: MMA-Sim has no rule for it).
-- **Zero rule** (``zero_rule``; open question, see ``mpt.mma``'s presets): ``"mpt"`` (default,
-  assumption) — a zero product, a group with a zero scale and a zero C take the exponent
+- **Zero rule** (the model's :data:`ZERO_RULE` assumption, ``MMAModel.configure(zero_rule=)``):
+  ``"mpt"`` (default) — a zero product, a group with a zero scale and a zero C take the exponent
   e_zero = −133 of Blackwell's FP32-output block model, and a non-zero sum that rounds to zero
-  keeps its sign; ``"mma_sim"`` (reference model) — every zero value (element, scale, C) has
+  keeps its sign; ``"mma_sim"`` (MMA-Sim's rule) — every zero value (element, scale, C) has
   exponent −126, so a zero product has −126 + the partner's and the scales' exponents, and a
-  zero result is +0.
+  zero result is +0. The two differ in 16 of 97,920 random outputs (tests/test_blockscaled.py).
 
 Oracle: ``mpt.reference.microscaling.block_scaled_dot_reference``; MMA-Sim itself was run on
-random and directed cases outside the repository (see tests/test_blockscaled.py).
+random and directed cases outside the repository (tests/test_blockscaled.py).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
 from mpt import rounding as _rounding
+from mpt._checks import check_int
+from mpt.engines.block import BlockOperands, packable
+from mpt.engines.model import Assumption, MMAConfig
+from mpt.engines.operands import batched, emin_pow2, output_params, register_kind
 from mpt.formats import get_format
 from mpt.kernels import blockscaled as _bs
 from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
 
-__all__ = ["BlockScaledKind", "KINDS", "ARCHS", "ZERO_RULES", "block_scaled_mma"]
+__all__ = ["BlockScaledOperands", "ZERO_RULE", "SCALE_FORMATS", "KINDS", "scaled_config",
+           "scale_format_of"]
 
-_F8F6F4 = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e3m2fn", "fp6_e2m3fn", "fp4_e2m1fn")
-_FLT_MAX = float.fromhex("0x1.fffffep+127")
-_RZ_FP32 = (2.0**-126, 2.0**-23, _FLT_MAX, False)     # (2^emin, ulp, max, nearest?)
-_E_ZERO = -133
-ZERO_RULES = ("mpt", "mma_sim")
-_SCALE_FORMATS = {"ue8m0": "e8m0", "e8m0": "e8m0", "ue4m3": "fp8_e4m3fn"}
+#: The block-scaled MMA's rule for zero values (module docstring): an assumption of the models.
+ZERO_RULE = Assumption(
+    "zero_rule", ("mpt", "mma_sim"),
+    "block-scaled kinds: 'mpt' gives a zero product, a zero-scale group and a zero C the "
+    "exponent e_zero = -133 of the FP32-output block model and keeps the sign of a sum that "
+    "rounds to zero; 'mma_sim' gives every zero value the exponent -126 and returns +0")
 
+#: Scale formats by the hardware's name: the mpt format that stores their codes.
+SCALE_FORMATS = {"ue8m0": "e8m0", "ue4m3": "fp8_e4m3fn"}
 
-@dataclass(frozen=True)
-class BlockScaledKind:
-    """One kind of block-scaled MMA: products per instruction ``k``, alignment width
-    ``fraction_bits`` (F), element formats accepted for A and B (mixable), and whether its
-    terms are single products ("product") or exact sums of 16 products ("group16")."""
+#: kind -> (products per instruction, fraction bits F, terms: single products or groups of 16)
+KINDS = {"mxf8f6f4": (32, 25, "product"), "mxf4": (64, 35, "group16"),
+         "mxf4nvf4": (64, 35, "group16")}
 
-    name: str
-    k: int
-    fraction_bits: int
-    elements: tuple[str, ...]
-    terms: str
-    evidence: str
+_E_ZERO = -133           # mpt's zero-term exponent of the Blackwell FP32-output block model
+_MMA_SIM_ZERO = 2.0**-126
 
 
-KINDS = {
-    "mxf8f6f4": BlockScaledKind("mxf8f6f4", 32, 25, _F8F6F4, "product",
-                                "reference model (e4m3/e5m2); assumption (e3m2/e2m3/e2m1)"),
-    "mxf4": BlockScaledKind("mxf4", 64, 35, ("fp4_e2m1fn",), "group16", "reference model"),
-    "mxf4nvf4": BlockScaledKind("mxf4nvf4", 64, 35, ("fp4_e2m1fn",), "group16", "reference model"),
-}
-
-#: (kind, scale format, block) -> PTX instruction, per architecture (MMA-Sim's isa tables).
-ARCHS = {
-    "blackwell": {
-        ("mxf8f6f4", "ue8m0", 32): "tcgen05.mma.kind::mxf8f6f4.block_scale.scale_vec::1X",
-        ("mxf4", "ue8m0", 32): "tcgen05.mma.kind::mxf4.block_scale.scale_vec::2X",
-        ("mxf4nvf4", "ue8m0", 32): "tcgen05.mma.kind::mxf4nvf4.block_scale.scale_vec::2X",
-        ("mxf4nvf4", "ue8m0", 16): "tcgen05.mma.kind::mxf4nvf4.block_scale.scale_vec::4X",
-        ("mxf4nvf4", "ue4m3", 16): "tcgen05.mma.kind::mxf4nvf4.block_scale.scale_vec::4X",
-    },
-    "rtx_blackwell": {
-        ("mxf8f6f4", "ue8m0", 32): "mma.sync.block_scale m16n8k32 kind::mxf8f6f4 ue8m0",
-        ("mxf4", "ue8m0", 32): "mma.sync.block_scale m16n8k64 kind::mxf4 ue8m0",
-        ("mxf4nvf4", "ue8m0", 32): "mma.sync.block_scale m16n8k64 kind::mxf4nvf4 ue8m0 block32",
-        ("mxf4nvf4", "ue8m0", 16): "mma.sync.block_scale m16n8k64 kind::mxf4nvf4 ue8m0 block16",
-        ("mxf4nvf4", "ue4m3", 32): "mma.sync.block_scale m16n8k64 kind::mxf4nvf4 ue4m3 block32",
-        ("mxf4nvf4", "ue4m3", 16): "mma.sync.block_scale m16n8k64 kind::mxf4nvf4 ue4m3 block16",
-    },
-}
+def scaled_config(kind, inputs, instruction, scales, evidence="reference model") -> MMAConfig:
+    """The :class:`MMAConfig` of a block-scaled instruction: variant ``kind`` ("mxf8f6f4",
+    "mxf4" or "mxf4nvf4"), element formats ``inputs`` (mixable), the (scale format, block)
+    pairs it takes; FP32 output rounded toward zero."""
+    k, fraction_bits, terms = KINDS[kind]
+    return MMAConfig(inputs, instruction, k, fraction_bits, (("fp32", "rz_fp32", _E_ZERO),),
+                     evidence, kind, (("terms", terms), ("scales", tuple(scales))),
+                     kind="block_scaled")
 
 
-def _choice(value, valid, name):
-    if value not in valid:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, valid))}; got {value!r}")
+def scale_format_of(dtype) -> str | None:
+    """"ue8m0" for float8_e8m0fnu codes, "ue4m3" for float8_e4m3fn codes, else None."""
+    for name, fmt in SCALE_FORMATS.items():
+        if np.dtype(dtype) == get_format(fmt).dtype:
+            return name
+    return None
 
 
-def _format_of(x, arg, valid):
-    try:
-        name = get_format(x.dtype).name
-    except (TypeError, ValueError):
-        name = None
-    if name not in valid:
-        raise TypeError(f"{arg} must hold one of {', '.join(valid)} (their ml_dtypes dtypes); got "
-                        f"dtype {x.dtype}")
-    return name
+@register_kind("block_scaled")
+class BlockScaledOperands(BlockOperands):
+    """Block-scaled operands (module docstring). Product terms (kind::mxf8f6f4) fold the scales
+    into the block model's (value, nominal) pairs and run :class:`BlockOperands`' kernels (the
+    register-blocked one when the folded operands meet its conditions, under the "mpt" zero
+    rule); group terms (mxf4, mxf4nvf4) run ``mpt.kernels.blockscaled.group_chain``."""
 
+    SCALES = True
 
-def _batched(x, batch):
-    """(x as contiguous (B', R, C), (B,) index of each broadcast batch element into it)."""
-    flat = np.ascontiguousarray(x).reshape((int(np.prod(x.shape[:-2])),) + x.shape[-2:])
-    index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
-    return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
-
-
-def _terms(x32, emin, zero_rule):
-    """(values, nominal powers of two) float64 of float32 values of a format with ``emin``;
-    a zero's nominal is 0 (never the anchor) or, under MMA-Sim's rule, 2^-126."""
-    value, nominal = np.empty(x32.shape), np.empty(x32.shape)
-    _mma.decode_terms(np.ascontiguousarray(x32).ravel(), 2.0**emin, value.ravel(), nominal.ravel())
-    if zero_rule == "mma_sim":
-        nominal[value == 0] = 2.0**-126
-    return value, nominal
-
-
-def _check_args(a, b, scale_a, scale_b, c, kind, scale_format, block, arch, zero_rule):
-    """Validate; returns (kind spec, element formats, scale format name, batch shape)."""
-    _choice(kind, tuple(KINDS), "kind")
-    _choice(arch, tuple(ARCHS), "arch")
-    _choice(zero_rule, ZERO_RULES, "zero_rule")
-    _choice(scale_format, tuple(_SCALE_FORMATS), "scale_format")
-    canonical = "ue4m3" if scale_format == "ue4m3" else "ue8m0"
-    combos = ARCHS[arch]
-    if (kind, canonical, block) not in combos:
-        valid = "; ".join(f"{k}/{s}/{b}" for k, s, b in combos)
-        raise ValueError(f"{arch} has no kind={kind!r} with scale_format={scale_format!r} and "
-                         f"block={block!r}; it has (kind/scale/block): {valid}")
-    spec = KINDS[kind]
-    for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
-        if not isinstance(x, np.ndarray) or x.ndim < 2:
-            raise ValueError(f"{arg} must be an ndarray of shape {dims}; got "
-                             f"{getattr(x, 'shape', type(x).__name__)}")
-    fa, fb = _format_of(a, "a", spec.elements), _format_of(b, "b", spec.elements)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if b.shape[-2] != k:
-        raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape}, {b.shape}")
-    if k % spec.k:
-        raise ValueError(f"K must be a multiple of {spec.k} (one {kind} instruction); got {k}")
-    sfmt = _SCALE_FORMATS[scale_format]
-    batch_dims = [a.shape[:-2], b.shape[:-2]]
-    for arg, s, x, rows, cols in (("scale_a", scale_a, a, m, k // block),
-                                  ("scale_b", scale_b, b, k // block, n)):
-        if not isinstance(s, np.ndarray) or s.dtype != get_format(sfmt).dtype:
-            raise TypeError(f"{arg} must be an ndarray of {get_format(sfmt).dtype} "
-                            f"({scale_format}); got {getattr(s, 'dtype', type(s).__name__)}")
-        if s.shape != x.shape[:-2] + (rows, cols):
-            raise ValueError(f"{arg} must have shape {x.shape[:-2] + (rows, cols)} (its "
-                             f"operand's batch dimensions); got {s.shape}")
-    if c is not None:
-        if not isinstance(c, np.ndarray) or c.dtype != np.float32 or c.ndim < 2 \
-                or c.shape[-2:] != (m, n):
-            raise TypeError(f"c must be None or a float32 ndarray of shape (..., {m}, {n})")
-        batch_dims.append(c.shape[:-2])
-    try:
-        batch = np.broadcast_shapes(*batch_dims)
-    except ValueError:
-        raise ValueError("the batch dimensions of a, b, scale_a, scale_b (and c) do not "
-                         "broadcast") from None
-    return spec, fa, fb, sfmt, batch
-
-
-def _scale_terms(s, sfmt, zero_rule, repeat, axis):
-    """(|values|, nominal powers of two) float64 of scale codes, repeated ``repeat`` times along
-    ``axis`` (one entry per element or per group of 16); NaN codes: value NaN, nominal 0."""
-    values = np.abs(_rounding.decode(s, np.float32))
-    v, p = _terms(values, get_format(sfmt).emin, zero_rule)
-    if repeat > 1:
-        v, p = np.repeat(v, repeat, axis=axis), np.repeat(p, repeat, axis=axis)
-    return v, p
-
-
-def _scaled(x, fmt, sv, sp, block, along_rows, zero_nominal, dtype):
-    """(values, nominal powers of two) of an operand with its E8M0 scales folded in."""
-    value, nominal = np.empty(x.shape, dtype), np.empty(x.shape, dtype)
-    _bs.scaled_terms(x, 2.0**get_format(fmt).emin, zero_nominal, sv, sp, block, along_rows,
-                     value, nominal)
-    return value, nominal
-
-
-def _packable(a, b, sa, sb):
-    """Whether the scale-folded operands meet the register kernel's conditions (those of
-    ``mpt.kernels.gemm.block_chain_packed``): finite, within float32 (an element's last bit
-    times 2^-127 is at least 2^-143, so they are then exact), every non-zero product within
-    [2^-60, 2^60]. Bounds: |a·sa| over all blocks, from the elements' and scales' ranges."""
-    ranges = []
-    for x, s in ((a, sa), (b, sb)):
-        finite, lo, hi = _mma.magnitude_range(x)
-        s_finite, s_lo, s_hi = _mma.magnitude_range(s)
-        if not (finite and s_finite) or hi * s_hi >= 2.0**127:
-            return False
-        ranges.append((lo * s_lo, hi * s_hi))
-    (lo_a, hi_a), (lo_b, hi_b) = ranges
-    return hi_a == 0 or hi_b == 0 or (lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60)
-
-
-def _product_terms_chain(a, b, sa, sb, fa, fb, sfmt, block, zero_rule, acc, ia, ib, spec,
-                         zero_pow2):
-    """kind::mxf8f6f4: the block model on scale-folded operands; the register kernel
-    (``product_chain_packed``) where its conditions hold, else ``mpt.kernels.mma.block_chain``.
-    Returns the (B, M, N) float64 accumulator."""
-    sav, sap = _scale_terms(sa, sfmt, zero_rule, 1, -1)            # (Ba, M, K/32)
-    sbv, sbp = _scale_terms(sb, sfmt, zero_rule, 1, -2)            # (Bb, K/32, N)
-    zero_nominal = 0.0 if zero_rule == "mpt" else 2.0**-126
-    params = (spec.k, spec.fraction_bits, zero_pow2, _RZ_FP32)
-    k = a.shape[-1]
-    if zero_rule == "mpt" and _packable(a, b, sav, sbv):
-        rows = _gemm.BLOCK_ROWS
-        av, ap = _scaled(a, fa, sav, sap, block, False, zero_nominal, np.float32)
-        bv, bp = _scaled(b, fb, sbv, sbp, block, True, zero_nominal, np.float32)
-        a_p = [_gemm.pack_rows(x, rows) for x in (av, ap)]
-        b_p = [_gemm.pack_cols(x) for x in (bv, bp)]
-        m, n = acc.shape[1:]
-        tiles = _gemm.pack_tiles(acc, rows)
-        _bs.product_chain_packed(*a_p, *b_p, tiles, ia, ib, 0, k, *params)
-        return np.ascontiguousarray(_gemm.unpack_tiles(tiles, rows, m, n))
-    av, ap = _scaled(a, fa, sav, sap, block, False, zero_nominal, np.float64)
-    bv, bp = _scaled(b, fb, sbv, sbp, block, True, zero_nominal, np.float64)
-    _mma.block_chain(av, ap, bv, bp, acc, ia, ib, 0, k, *params)
-    return acc
-
-
-def block_scaled_mma(a, b, scale_a, scale_b, c=None, *, kind, scale_format, block,
-                     arch="blackwell", zero_rule="mpt"):
-    """D = A·B + C with block scales applied inside Blackwell's block-scaled MMA (see module).
-
-    a: (..., M, K) element codes (ml_dtypes dtypes: float8_e4m3fn / float8_e5m2 / float6_* /
-    float4_e2m1fn for mxf8f6f4, float4_e2m1fn for mxf4 and mxf4nvf4); b: (..., K, N).
-    scale_a: a's batch dimensions + (M, K/block), scale_b: b's + (K/block, N) —
-    ``float8_e8m0fnu`` codes for scale_format "ue8m0" (alias "e8m0"), ``float8_e4m3fn`` codes
-    for "ue4m3" (sign ignored). c: (..., M, N) float32 or None (+0). The batch dimensions of a,
-    b and c broadcast. K must be a multiple of the instruction's K (32 or 64); instructions are
-    chained in increasing k, each result rounded toward zero to FP32 and fed back as the next C.
-    ``arch``: "blackwell" (tcgen05) or "rtx_blackwell" (mma.sync.block_scale); ``zero_rule``:
-    "mpt" or "mma_sim".
-    Returns float32 (..., M, N) with canonical NaNs.
-    """
-    spec, fa, fb, sfmt, batch = _check_args(a, b, scale_a, scale_b, c, kind, scale_format, block,
-                                            arch, zero_rule)
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    a_flat, ia = _batched(a.astype(np.float32), batch)              # (Ba, M, K)
-    b_flat, ib = _batched(b.astype(np.float32), batch)              # (Bb, K, N)
-    sa_flat, sb_flat = _batched(scale_a, batch)[0], _batched(scale_b, batch)[0]
-    acc = np.zeros((ia.size, m, n))                                 # (B, M, N)
-    if c is not None:
-        acc[:] = np.broadcast_to(c, batch + (m, n)).reshape(-1, m, n)
-    zero_pow2 = 2.0 ** (_E_ZERO if zero_rule == "mpt" else -126)
-    with np.errstate(invalid="ignore", over="ignore"), _mma.threads_for(ia.size * m * n * k):
-        if spec.terms == "product":
-            acc = _product_terms_chain(a_flat, b_flat, sa_flat, sb_flat, fa, fb, sfmt, block,
-                                       zero_rule, acc, ia, ib, spec, zero_pow2)
+    @classmethod
+    def check_config(cls, cfg):
+        """Terms "product" (block in [1, 32], F <= 25: the block model's kernels) or "group16"
+        (block 64, F <= 35: four group terms below 2^(12+F) and c add exactly in float64);
+        scales (format, block) with a block that divides the instruction's K; an FP32 RZ
+        output."""
+        terms = cfg.param("terms")
+        if terms == "product":
+            check_int("block", cfg.block, min=1, max=32)
+            check_int("fraction_bits", cfg.fraction_bits, min=0, max=25)
+        elif terms == "group16":
+            check_int("block", cfg.block, min=_bs.INSTRUCTION_K, max=_bs.INSTRUCTION_K)
+            check_int("fraction_bits", cfg.fraction_bits, min=0, max=35)
         else:
-            per = block // _bs.GROUP
-            sav, sap = _scale_terms(sa_flat, sfmt, zero_rule, per, -1)     # (Ba, M, K/16)
-            sbv, sbp = _scale_terms(sb_flat, sfmt, zero_rule, per, -2)     # (Bb, K/16, N)
-            _bs.group_chain(a_flat, b_flat, sav, sap, sbv, sbp, acc, ia, ib, 0, k,
-                            spec.fraction_bits, zero_pow2, _RZ_FP32)
-        d = acc.astype(np.float32)
-    d.view(np.uint32)[np.isnan(d)] = 0x7FFFFFFF                      # canonical NaN
-    if zero_rule == "mma_sim":
-        d[d == 0] = 0.0                                             # MMA-Sim: +0
-    return d.reshape(batch + (m, n))
+            raise ValueError(f"a block-scaled configuration's terms must be 'product' or "
+                             f"'group16'; got {terms!r}")
+        scales = cfg.param("scales", ())
+        if not scales or any(f not in SCALE_FORMATS or b not in (16, 32) or cfg.block % b
+                             for f, b in scales):
+            raise ValueError(f"scales must be (format, block) pairs with a format in "
+                             f"{tuple(SCALE_FORMATS)} and a block 16 or 32 dividing "
+                             f"{cfg.block}; got {scales!r}")
+        if cfg.outputs != (("fp32", "rz_fp32", cfg.outputs[0][2]),):
+            raise ValueError(f"a block-scaled configuration has one output, ('fp32', 'rz_fp32', "
+                             f"e_zero); got {cfg.outputs!r}")
+
+    def __init__(self, model, cfg, a, b, formats, out_format, batch, scales=None, options=None):
+        self.shapes = (np.shape(a), np.shape(b))
+        super().__init__(model, cfg, a, b, formats, out_format, batch, scales, options)
+
+    @property
+    def zero_rule(self) -> str:
+        return self.model.choice("zero_rule") if any(
+            a.name == "zero_rule" for a in self.model.assumptions) else ZERO_RULE.default
+
+    def prepare(self):
+        cfg = self.cfg
+        sfmt, block, scale_a, scale_b = self._check_scales()
+        mma_sim = self.zero_rule == "mma_sim"
+        precision, emin, largest, nearest = output_params("rz_fp32")
+        zero_pow2 = _MMA_SIM_ZERO if mma_sim else 2.0 ** cfg.output("fp32")[1]
+        self.params = (cfg.block, cfg.fraction_bits, zero_pow2,
+                       (2.0 ** emin, 2.0 ** (1 - precision), largest, nearest))
+        sa = batched(scale_a, self.batch)[0]                              # (Ba, M, K/block)
+        sb = batched(scale_b, self.batch)[0]                              # (Bb, K/block, N)
+        if cfg.param("terms") == "product":
+            self._fold(sfmt, block, sa, sb, mma_sim)
+        else:
+            self._groups(sfmt, block, sa, sb, mma_sim)
+
+    def _check_scales(self):
+        """(scale format, block, scale_a, scale_b) after checking them against the variant."""
+        name, cfg = self.model.name, self.cfg
+        if self.scales is None or any(s is None for s in self.scales):
+            raise ValueError(f"model {name!r} variant {cfg.variant!r} is block-scaled: it needs "
+                             f"both scale_a and scale_b")
+        scale_a, scale_b = (np.asarray(s) for s in self.scales)
+        valid = ", ".join(f"{f}/{b}" for f, b in cfg.param("scales"))
+        formats = {scale_format_of(s.dtype) for s in (scale_a, scale_b)}
+        if None in formats or len(formats) != 1:
+            raise TypeError(f"scale_a and scale_b must both hold UE8M0 (float8_e8m0fnu) or both "
+                            f"UE4M3 (float8_e4m3fn) codes; got {scale_a.dtype} and "
+                            f"{scale_b.dtype}")
+        sfmt = formats.pop()
+        groups = scale_a.shape[-1] if scale_a.ndim >= 2 else 0
+        block = self.k // groups if groups and self.k % groups == 0 else None
+        if (sfmt, block) not in cfg.param("scales"):
+            raise ValueError(f"model {name!r} variant {cfg.variant!r} takes scales "
+                             f"(format/block) {valid}; got {sfmt} codes with scale_a of shape "
+                             f"{scale_a.shape} for K = {self.k}")
+        (a_shape, b_shape), kb = self.shapes, self.k // block
+        for arg, s, want in (("scale_a", scale_a, a_shape[:-2] + (self.m, kb)),
+                             ("scale_b", scale_b, b_shape[:-2] + (kb, self.n))):
+            if s.shape != want:
+                raise ValueError(f"{arg} must have shape {want} (its operand's batch dimensions, "
+                                 f"one code per {block} k); got {s.shape}")
+        return sfmt, block, scale_a, scale_b
+
+    def _scale_terms(self, s, sfmt, mma_sim, repeat, axis):
+        """(|values|, nominal powers of two) float64 of scale codes, each repeated ``repeat``
+        times along ``axis``; a NaN code: value NaN, nominal 0; a zero (UE4M3): nominal 0, or
+        2^-126 under MMA-Sim's rule."""
+        values = np.abs(_rounding.decode(s, np.float32))
+        v, p = np.empty(values.shape), np.empty(values.shape)
+        _mma.decode_terms(values.ravel(), emin_pow2(SCALE_FORMATS[sfmt]), v.ravel(), p.ravel())
+        if mma_sim:
+            p[v == 0] = _MMA_SIM_ZERO
+        if repeat > 1:
+            v, p = np.repeat(v, repeat, axis=axis), np.repeat(p, repeat, axis=axis)
+        return v, p
+
+    def _fold(self, sfmt, block, sa, sb, mma_sim):
+        """kind::mxf8f6f4: (value, nominal) pairs with the scales folded in (exact: E8M0 scales
+        are powers of two), packed for the register kernel when its conditions hold (finite,
+        within float32, non-zero products in [2^-60, 2^60], the "mpt" zero rule)."""
+        zero_nominal = _MMA_SIM_ZERO if mma_sim else 0.0
+        terms = []
+        for x, s, fmt, along_rows in ((self.a, sa, self.formats[0], False),
+                                      (self.b, sb, self.formats[1], True)):
+            sv, sp = self._scale_terms(s, sfmt, mma_sim, 1, -1)
+            value, nominal = np.empty(x.shape), np.empty(x.shape)
+            _bs.scaled_terms(x, emin_pow2(fmt), zero_nominal, sv, sp, block, along_rows, value,
+                             nominal)
+            terms.append((value, nominal))
+        (va, pa), (vb, pb) = terms
+        if not mma_sim and packable(va, vb):
+            self.rows = _gemm.BLOCK_ROWS
+            va, pa, vb, pb = (x.astype(np.float32) for x in (va, pa, vb, pb))
+        self.a, self.b = (va, pa), (vb, pb)
+        if self.rows:
+            self.pack()
+
+    def _groups(self, sfmt, block, sa, sb, mma_sim):
+        """mxf4 / mxf4nvf4: float32 E2M1 values and per-group scale terms, K padded with zeros
+        (scale terms 0) to whole instructions."""
+        per = block // _bs.GROUP
+        sav, sap = self._scale_terms(sa, sfmt, mma_sim, per, -1)          # (Ba, M, K/16)
+        sbv, sbp = self._scale_terms(sb, sfmt, mma_sim, per, -2)          # (Bb, K/16, N)
+        pad = -self.k % self.cfg.block
+        if pad:
+            self.a = np.pad(self.a, ((0, 0), (0, 0), (0, pad)))
+            self.b = np.pad(self.b, ((0, 0), (0, pad), (0, 0)))
+            g = pad // _bs.GROUP
+            sav, sap = (np.pad(x, ((0, 0), (0, 0), (0, g))) for x in (sav, sap))
+            sbv, sbp = (np.pad(x, ((0, 0), (0, g), (0, 0))) for x in (sbv, sbp))
+        self.group_scales = (sav, sap, sbv, sbp)
+
+    def chain(self, acc, k0, k1):
+        if self.cfg.param("terms") == "product":
+            super().chain(acc, k0, k1)
+            return
+        k1 = k1 + (-k1 % self.cfg.block if k1 == self.k else 0)        # the padded tail
+        _bs.group_chain(self.a, self.b, *self.group_scales, acc, self.ia, self.ib, k0, k1,
+                        self.cfg.fraction_bits, *self.params[2:])
+
+    def values(self, acc):
+        d = super().values(acc)
+        if self.zero_rule == "mma_sim":
+            d[d == 0] = 0.0                                               # MMA-Sim: +0
+        return d
 

@@ -9,6 +9,14 @@ split-K (partial sums reduced with IEEE FP32 adds), FP8 promotion of the partial
 into an FP32 register every ``promote_every`` products (DeepSeek-V3: 128), dequantisation
 scales, and the output cast (the epilogue).
 
+**Two kinds of scales.** The *instruction's block scales* are hardware: E8M0 or UE4M3 codes, one
+per 16 or 32 elements along K, applied inside Blackwell's block-scaled MMA before anything is
+accumulated (``mma(..., scale_a=, scale_b=)``; ``gemm(..., block_scale_a=, block_scale_b=)``).
+``gemm``'s ``scale_a``/``scale_b`` are software *dequantisation scales*: float32 numbers per
+tensor (cuBLASLt's scale pointers, NVFP4's per-tensor scale, TE's alpha) or per 1×G / G×G block
+(DeepSeek-V3), multiplied into FP32 results of the MMA by IEEE FMAs. Both can be given to one
+``gemm`` (NVFP4: UE4M3 block scales in the instruction, a float32 per-tensor scale after it).
+
 NaN results are the canonical NaN (0x7FFFFFFF / 0x7FFF) for models whose hardware returns it
 (NVIDIA); Oracles: ``mpt.reference.mma`` (exact rationals) and the vendored hardware samples.
 """
@@ -65,10 +73,11 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
     fa, fb = _input_formats(a, b, in_format)
-    cfg = model.config(fa, fb, variant)
-    if out_format is None:   # from c: fp16, or fp64 where the model has an fp64 output; else fp32
-        kind = np.asarray(c).dtype if c is not None else None
-        fp64 = kind == np.float64 and any(o[0] == "fp64" for o in cfg.outputs)
+    cfg = model.config(fa, fb, variant, scaled=scales is not None)
+    if out_format is None:   # from c: fp16, or fp64 where the model has an fp64 output; else
+        kind = np.asarray(c).dtype if c is not None else None       # fp32 (fp64: its only one)
+        outputs = [o[0] for o in cfg.outputs]
+        fp64 = "fp64" in outputs and (kind == np.float64 or outputs == ["fp64"])
         out_format = "fp16" if kind == np.float16 else "fp64" if fp64 else "fp32"
     out_name = get_format(out_format).name
     cfg.output(out_name)
@@ -90,8 +99,8 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
         shapes = ", ".join(str(s) for s in (a.shape, b.shape) + (() if c is None else (c.shape,)))
         raise ValueError(f"a, b (and c) batch dimensions do not broadcast: {shapes}") from None
     with _mma.threads_for(int(np.prod(batch)) * m * n * a.shape[-1]):
-        ops = operands_class(model.kind)(model, cfg, a, b, (fa, fb), out_name, batch, scales,
-                                         options)
+        ops = operands_class(model.kind_of(cfg))(model, cfg, a, b, (fa, fb), out_name, batch,
+                                                 scales, options)
     c3 = None if c is None else c.reshape((-1, m, n))
     return ops, c3, batch + (m, n)
 
@@ -124,18 +133,23 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
     c: (..., M, N) float32 (FP32 output), float16 (FP16 output) or float64 (FP64 output, for
     models that have one), or None for +0; leading batch dimensions broadcast. ``out_format``:
-    "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else "fp32").
+    "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else "fp32";
+    "fp64" for FP64 instructions, whose only output it is).
     ``model``: a name or alias from ``mpt.mma_models()``, or an :class:`~mpt.MMAModel` (e.g. one
     with assumed rules chosen by ``configure``); ``variant``: an instruction variant of the model
     (None: its default); ``scale_a``/``scale_b``: the instruction's block scales, for models with
-    block-scaled instructions; ``options``: keyword options of the model's kind (its operand
-    class lists them; an unknown one is a TypeError).
+    block-scaled instructions (E8M0 ``float8_e8m0fnu`` or UE4M3 ``float8_e4m3fn`` codes, a's
+    batch dimensions + (M, K/block) and b's + (K/block, N): ``mpt.engines.blockscaled``; without
+    ``variant`` the model's only block-scaled variant for the inputs); ``options``: keyword
+    options of the model's kind (its operand class lists them; an unknown one is a TypeError).
 
     Precision contract: K is consumed in blocks of the model's L in increasing k; each block is
     the truncated fused dot-product-add of the spec and its result, rounded to the output
     (RZ-FP32, RZ-E8M13 for Ada/Hopper FP8, RNE-FP16), is the next block's c. ``ieee_fma`` and
-    ``ieee_mul_add`` round at every k (RNE), ``exact`` once. Returns float32 or float16 D with
-    canonical NaNs. Raises ValueError for input/output formats the model does not support.
+    ``ieee_mul_add`` round at every k (RNE), ``exact`` once; block-scaled instructions apply
+    their scales inside each block (``mpt.engines.blockscaled``); FP64 instructions are one
+    float64 FMA per k. Returns float32, float16 or float64 D (canonical NaNs where the kind's
+    hardware writes them). Raises ValueError for input/output formats the model does not support.
     Oracle: ``mpt.reference.mma.mma_reference``; hardware: tests/test_mma_hardware.py.
     """
     scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)
@@ -147,6 +161,10 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     if ops.out_format == "fp16":
         d = d.astype(np.float16)  # exact: the values are FP16 numbers
     return (_canonical_nan(d) if ops.canonical_nan else d).reshape(shape)
+
+
+#: dtypes of the instruction's block-scale codes (E8M0; UE4M3 stored as float8_e4m3fn)
+_BLOCK_SCALE_DTYPES = (get_format("e8m0").dtype, get_format("fp8_e4m3fn").dtype)
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,9 @@ class Scale:
         """Python numbers are rounded to float32 (RNE); arrays must already be float32."""
         if isinstance(s, (int, float)) and not isinstance(s, bool):
             return cls(np.float32(s))
+        if isinstance(s, (np.ndarray, np.generic)) and s.dtype in _BLOCK_SCALE_DTYPES:
+            raise TypeError(f"{arg} is a float32 dequantisation scale; the instruction's "
+                            f"{s.dtype} block scales go in block_{arg}")
         if not isinstance(s, (np.ndarray, np.generic)) or s.dtype != np.float32:
             raise TypeError(f"{arg} must be a Python number or float32; got {type(s).__name__} "
                             f"{getattr(s, 'dtype', '')}".rstrip())
@@ -179,12 +200,15 @@ class Scale:
 
 @_ieee_values
 def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, scale_b=None,
-         out_format="fp32", in_format=None, accumulate="fp32", variant=None, **options):
+         out_format="fp32", in_format=None, accumulate="fp32", variant=None, block_scale_a=None,
+         block_scale_b=None, **options):
     """A GEMM as a GPU library runs it on one MMA model: the software around the Tensor Core.
 
     a (..., M, K), b (..., K, N), c (..., M, N), ``in_format``, ``model``, ``variant`` and the
-    model's keyword ``options`` as in :func:`mma`; batch dimensions broadcast. Per output
-    element, in this order:
+    model's keyword ``options`` as in :func:`mma`; batch dimensions broadcast.
+    ``block_scale_a``/``block_scale_b``: the instruction's block scales (E8M0 / UE4M3 codes,
+    :func:`mma`'s ``scale_a``/``scale_b``), for a block-scaled variant; every MMA of the chain
+    uses those of its k. Per output element, in this order:
 
     1. **split-K**: K is cut into ``split_k`` chunks of ceil(K/split_k) products rounded up to
        a multiple of the block L (of ``promote_every`` when given); each chunk runs on its own
@@ -194,7 +218,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
        MMA partial (started at +0) is added into an FP32 register with an IEEE ``fma(s, partial,
        register)`` — s = 1, or the block scale. DeepSeek-V3 uses G = 128 for Hopper FP8 (whose
        e8m13 partial otherwise keeps ~14 bits); None chains the whole chunk ("fast accumulation").
-    3. **scales**: per tensor (``scale_a``/``scale_b`` scalars): D = fma(alpha, D, c) with
+    3. **scales** (software, float32; module docstring): per tensor (``scale_a``/``scale_b``
+       scalars): D = fma(alpha, D, c) with
        alpha = RN32(scale_a·scale_b), at the end; per block (DeepSeek-V3: ``scale_a`` (M, K/G) for
        1×G tiles of A, ``scale_b`` (K/G, N/G) for G×G tiles of B): s = RN32(sa[i,g]·sb[g,j//G])
        multiplies each promoted partial (a per-tensor partner is folded into s).
@@ -219,7 +244,9 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
-    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, options=options)
+    hardware = None if block_scale_a is None and block_scale_b is None else \
+        (block_scale_a, block_scale_b)
+    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, hardware, options)
     unit = promote_every or ops.unit
     if promote_every is not None and promote_every % ops.unit:
         raise ValueError(f"promote_every must be a multiple of the model's block of {ops.unit} "

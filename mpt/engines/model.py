@@ -55,7 +55,9 @@ class MMAConfig:
     the alignment width F of a block model (None otherwise); ``outputs``: (output format,
     rounding, e_zero) triples; ``evidence``: one of :data:`EVIDENCE`; ``variant``: the name of an
     instruction variant when a model offers several for the same inputs (``"default"`` is chosen
-    unless a call names another); ``params``: further (name, value) parameters of the rule.
+    unless a call names another); ``params``: further (name, value) parameters of the rule;
+    ``kind``: the arithmetic kind of this configuration when it is not the model's (a
+    block-scaled or FP64 instruction of a Tensor Core model; None: the model's).
     """
 
     inputs: tuple[str, ...]
@@ -66,6 +68,7 @@ class MMAConfig:
     evidence: str = "reference model"
     variant: str = "default"
     params: tuple[tuple[str, object], ...] = ()
+    kind: str | None = None
 
     def __post_init__(self):
         """The structure every kind relies on (each kind's operand class checks its own
@@ -102,7 +105,8 @@ class MMAConfig:
 
     def describe(self) -> dict:
         return {"inputs": list(self.inputs), "instruction": self.instruction,
-                "variant": self.variant, "block": self.block,
+                "variant": self.variant, **({"kind": self.kind} if self.kind else {}),
+                "block": self.block,
                 "fraction_bits": self.fraction_bits, "evidence": self.evidence,
                 "outputs": [{"format": o, "rounding": r, "e_zero": e} for o, r, e in self.outputs],
                 **({"params": dict(self.params)} if self.params else {})}
@@ -126,13 +130,13 @@ class MMAModel:
         kind's operand class accepts (``Operands.check_config``)."""
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty str; got {self.name!r}")
-        kind = operands_class(self.kind)
+        operands_class(self.kind)
         if not isinstance(self.configs, tuple) or not self.configs or \
                 not all(isinstance(c, MMAConfig) for c in self.configs):
             raise TypeError(f"configs must be a non-empty tuple of MMAConfig; got "
                             f"{self.configs!r}")
         for cfg in self.configs:
-            kind.check_config(cfg)
+            operands_class(self.kind_of(cfg)).check_config(cfg)
         if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
             raise TypeError(f"aliases must be a tuple of str; got {self.aliases!r}")
 
@@ -149,6 +153,14 @@ class MMAModel:
     @property
     def variants(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(cfg.variant for cfg in self.configs))
+
+    def kind_of(self, cfg: MMAConfig) -> str:
+        """The arithmetic kind that runs ``cfg``: its own, else the model's."""
+        return cfg.kind or self.kind
+
+    def scaled(self, cfg: MMAConfig) -> bool:
+        """Whether ``cfg`` is a block-scaled instruction (its kind takes ``scale_a``/``scale_b``)."""
+        return operands_class(self.kind_of(cfg)).SCALES
 
     def choice(self, name: str) -> str:
         """The choice in effect for the assumption ``name`` (its default unless configured)."""
@@ -171,14 +183,23 @@ class MMAModel:
                                  f" for model {self.name!r}; got {value!r}")
         return replace(self, choices=tuple(sorted({**dict(self.choices), **choices}.items())))
 
-    def config(self, a_format: str, b_format: str, variant: str | None = None) -> MMAConfig:
+    def config(self, a_format: str, b_format: str, variant: str | None = None,
+               scaled: bool = False) -> MMAConfig:
         """The configuration for these input formats (and instruction variant; None: the
-        ``"default"`` one, else the only one); ValueError naming the supported ones."""
+        ``"default"`` one, else the only one; with ``scaled`` — block scales given — the only
+        block-scaled one, if the model has one); ValueError naming the supported ones."""
         found = [cfg for cfg in self.configs if a_format in cfg.inputs and b_format in cfg.inputs]
         if not found:
             groups = "; ".join(dict.fromkeys("/".join(cfg.inputs) for cfg in self.configs))
             raise ValueError(f"model {self.name!r} does not take inputs ({a_format}, {b_format}); "
                              f"it takes (mixable within a group): {groups}")
+        if scaled and variant is None:
+            names = tuple(dict.fromkeys(c.variant for c in found if self.scaled(c)))
+            if len(names) > 1:
+                raise ValueError(f"model {self.name!r} has {len(names)} block-scaled variants "
+                                 f"for ({a_format}, {b_format}) inputs: name one with variant= "
+                                 f"({', '.join(map(repr, names))})")
+            variant = names[0] if names else None   # none: the default refuses the scales
         want = variant or ("default" if any(c.variant == "default" for c in found)
                            else found[0].variant)
         for cfg in found:

@@ -28,17 +28,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.gemm import _anchor_tile, _sum_tile
 from mpt.kernels.mma import _pow2_floor, block_finish, block_scale, block_start
 
-__all__ = ["GROUP", "INSTRUCTION_K", "group_chain", "SUM_CHUNK", "product_chain_packed",
-           "scaled_terms"]
+__all__ = ["GROUP", "INSTRUCTION_K", "group_chain", "scaled_terms"]
 
 GROUP = 16           # products summed exactly before scaling
 INSTRUCTION_K = 64   # products per instruction (four groups)
-
-SUM_CHUNK = 16       # products per int32 partial sum of the packed product kernel
-_ROW_TILES = 8       # row tiles per parallel task of the packed product kernel
 _TILE_I = 32         # output rows per task
 _TILE_J = 64         # output columns per task
 
@@ -138,50 +133,3 @@ def group_chain(a, b, sva, spa, svb, spb, acc, ia, ib, k0, k1, fraction_bits, ze
             for i in range(i0, min(i0 + _TILE_I, m)):
                 _instruction_row(acc[z, i, j0:j0 + w_n], a_z[i], b_z, sva_z[i], spa_z[i], svb_z,
                                  spb_z, kb, j0, scratch, fraction_bits, zero_pow2, out)
-
-
-@njit(cache=True, parallel=True)
-def product_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_bits,
-                         zero_pow2, out):
-    """``mpt.kernels.gemm.block_chain_packed`` for blocks whose int32 sum could overflow.
-
-    Blackwell's kind::mxf8f6f4 has 32 products per block and F = 25: each truncated term is an
-    integer below 2^27, so 32 of them may reach 2^32. Here the register sum pass runs over
-    chunks of at most SUM_CHUNK = 16 products (each int32 partial below 2^31) and the partials
-    are added in float64 (exact: below 2^33). Everything else — the packed operands (values and
-    nominal powers of two as float32, scales folded in, products within [2^-60, 2^60]), the
-    anchor pass, the 2^88 cap of the scale, the per-block start and rounding — is
-    block_chain_packed's, with the same exactness argument; the bits equal
-    ``mpt.kernels.mma.block_chain``'s. Shapes: vap, pap (Ba, Mt, K, BLOCK_ROWS) from
-    ``pack_rows``; vbp, pbp (Bb, Nt, K, COLS) from ``pack_cols``; acc (B, Mt, Nt,
-    BLOCK_ROWS·COLS) float64 tiles from ``pack_tiles``, in: c, out: D.
-    """
-    nb = acc.shape[0]
-    mt, nt = vap.shape[1], vbp.shape[1]
-    groups = (mt + _ROW_TILES - 1) // _ROW_TILES
-    size = acc.shape[3]
-    for t in prange(nb * nt * groups):
-        z = t // (nt * groups)
-        jt = t // groups % nt
-        g = t % groups
-        anchor = np.empty(size, np.float32)
-        scale = np.empty(size, np.float32)
-        part = np.empty(size, np.int32)
-        total = np.empty(size)
-        c_term = np.empty(size)
-        va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
-        for kb in range(k0, k1, block):
-            nk = min(block, k1 - kb)
-            for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
-                tile = acc[z, it, jt]
-                block_start(tile, anchor, zero_pow2, out[0])
-                _anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,
-                             pb_p[kb:].ctypes.data, nk)
-                block_scale(tile, anchor, scale, c_term, total, fraction_bits, 2.0 ** 88)
-                for kc in range(kb, kb + nk, SUM_CHUNK):
-                    part[:] = 0
-                    _sum_tile(part.ctypes.data, scale.ctypes.data, va_z[it, kc:].ctypes.data,
-                              vb_p[kc:].ctypes.data, min(SUM_CHUNK, kb + nk - kc))
-                    for w in range(size):
-                        total[w] += part[w]
-                block_finish(tile, anchor, c_term, total, fraction_bits, out)
