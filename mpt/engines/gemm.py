@@ -180,9 +180,6 @@ class Scale:
         """Python numbers are rounded to float32 (RNE); arrays must already be float32."""
         if isinstance(s, (int, float)) and not isinstance(s, bool):
             return cls(np.float32(s))
-        if isinstance(s, (np.ndarray, np.generic)) and s.dtype in _BLOCK_SCALE_DTYPES:
-            raise TypeError(f"{arg} is a float32 dequantisation scale; the instruction's "
-                            f"{s.dtype} block scales go in block_{arg}")
         if not isinstance(s, (np.ndarray, np.generic)) or s.dtype != np.float32:
             raise TypeError(f"{arg} must be a Python number or float32; got {type(s).__name__} "
                             f"{getattr(s, 'dtype', '')}".rstrip())
@@ -244,6 +241,10 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
+    for arg, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if getattr(s, "dtype", None) in _BLOCK_SCALE_DTYPES:
+            raise TypeError(f"{arg} is a float32 dequantisation scale; the instruction's "
+                            f"{s.dtype} block scales go in block_{arg}")
     hardware = None if block_scale_a is None and block_scale_b is None else \
         (block_scale_a, block_scale_b)
     ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, hardware, options)

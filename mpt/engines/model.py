@@ -205,7 +205,7 @@ class MMAModel:
         for cfg in found:
             if cfg.variant == want:
                 return cfg
-        valid = ", ".join(repr(c.variant) for c in found)
+        valid = ", ".join(dict.fromkeys(repr(c.variant) for c in found))
         raise ValueError(f"variant must be one of {valid} for model {self.name!r} with "
                          f"({a_format}, {b_format}) inputs; got {variant!r}")
 

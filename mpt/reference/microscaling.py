@@ -217,9 +217,15 @@ def block_scaled_dot_reference(a, b, sa, sb, c, *, kind, block, a_format, b_form
     kind "mxf4"/"mxf4nvf4" (64 per instruction, F = 35): each group of 16 products is summed
     exactly and times |sa|·|sb| is a term with exponent e(sa)+e(sb). A zero term — a zero
     product, a zero c, or a group with a zero scale — takes e_zero = −133 (zero_rule "mpt"); with
-    zero_rule "mma_sim" a zero value has exponent −126 instead and a zero result is +0.
+    zero_rule "mma_sim" a zero value has exponent −126 instead and a zero result is +0. A last
+    instruction that K does not fill gets zero elements and scale code 0x00 (TMA's zero fill).
     """
     kk, fraction_bits = _KINDS[kind]
+    pad = -len(a) % kk
+    if pad:
+        zero_code = decode_value(0, scale_format)               # E8M0: 2^-127; UE4M3: 0
+        a, b = list(a) + [0.0] * pad, list(b) + [0.0] * pad
+        sa, sb = (list(s) + [zero_code] * (pad // block) for s in (sa, sb))
     ea_min, eb_min = get_format(a_format).emin, get_format(b_format).emin
     s_emin = get_format(scale_format).emin
     z = -126
