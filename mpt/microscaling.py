@@ -1,8 +1,8 @@
 """L1: block-scaled formats (MXFP8/MXFP6/MXFP4/MXINT8 and NVFP4): exact quantizers, their exact
 decode, and the 16×16 random Hadamard transform of the NVFP4 training recipe.
 
-**Blocks.** A block is 1×32 or 1×16 elements along ``axis``, or 16×16 over the last two axes
-(one scale per tile, as NVFP4 weights: the same tiles whichever of the two axes is ``axis``,
+**Blocks.** A block is 1×32 or 1×16 elements along ``axis``, or 16×16 / 32×32 over the last two
+axes (one scale per tile, as NVFP4 weights: the same tiles whichever of the two axes is ``axis``,
 so a matrix and its transpose quantize to the same numbers). The last block along an axis may
 be partial: the missing elements count as zeros. Scales have the input's shape with the blocked
 axes divided by the block size (rounded up).
@@ -67,7 +67,7 @@ from mpt.kernels import microscaling as K
 from mpt.kernels.random import random_words
 
 __all__ = [
-    "BlockScaledArray", "quantize_mx", "quantize_nvfp4", "nvfp4_global_scale",
+    "BlockScaledArray", "quantize_mx", "quantize_nvfp4", "nvfp4_global_scale", "nvfp4_gemm_alpha",
     "MX_ELEMENT_FORMATS", "SCALE_RULES", "SCALE_FORMATS",
     "NVFP4_SCALE_RULES", "MODES", "BLOCKS", "RHT_SIGN_MASK", "rht_matrix", "rht_is_orthogonal",
     "hadamard_transform",
@@ -77,7 +77,7 @@ MX_ELEMENT_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e2m3fn", "fp6_e3m2fn", "fp4
 SCALE_RULES = ("ocp", "te", "trainium")
 NVFP4_SCALE_RULES = ("te", "te_v2.8", "te_v2.8_rowwise")
 MODES = ("nearest_even", "stochastic", "stochastic_8bit")
-BLOCKS = ((1, 16), (1, 32), (16, 16))
+BLOCKS = ((1, 16), (1, 32), (16, 16), (32, 32))
 SCALE_FORMATS = ("e8m0", "fp8_e4m3fn")   # E8M0, and UE4M3 stored as e4m3fn (sign ignored)
 
 _F32 = np.float32
@@ -98,7 +98,8 @@ def _block(block) -> tuple[int, int]:
     b = (1, block) if isinstance(block, (int, np.integer)) and not isinstance(block, bool) \
         else tuple(block) if isinstance(block, (tuple, list)) else None
     if b not in BLOCKS:
-        raise ValueError(f"block must be 16, 32, (1, 16), (1, 32) or (16, 16); got {block!r}")
+        raise ValueError(f"block must be 16, 32, (1, 16), (1, 32), (16, 16) or (32, 32); got "
+                         f"{block!r}")
     return b
 
 
@@ -166,7 +167,8 @@ class _Layout:
     def scale_shape(self):
         shape = list(self.shape)
         if self.two_d:
-            shape[-2], shape[-1] = -(-shape[-2] // 16), -(-shape[-1] // 16)
+            size = self.block[0]
+            shape[-2], shape[-1] = -(-shape[-2] // size), -(-shape[-1] // size)
         else:
             shape[self.axis] = -(-shape[self.axis] // self.block[1])
         return tuple(shape)
@@ -180,7 +182,7 @@ class BlockScaledArray:
     codes: the element codes, in the element format's dtype, with the original shape.
     scales: one code per block in the scale format's dtype (``float8_e8m0fnu``, or
     ``float8_e4m3fn`` holding UE4M3, whose sign bit is ignored), shaped as the codes with the
-    blocked axes divided by the block size (rounded up). block: (1, 16), (1, 32) or (16, 16);
+    blocked axes divided by the block size (rounded up). block: one of :data:`BLOCKS`;
     axis: the (non-negative) axis the blocks run along. tensor_scale: the float32 per-tensor
     decode factor (1 for MX, S_dec for NVFP4). amax: NVFP4's float32 tensor amax (None for MX).
     Validated when built: kernels trust these fields.
@@ -327,7 +329,7 @@ def quantize_mx(x, fmt, *, axis=-1, block=32, scale_rule="ocp", mode="nearest_ev
                 stream=None, random_bits=None) -> BlockScaledArray:
     """Quantize x to MX with element format ``fmt`` and one E8M0 scale per block (see the module
     docstring for the rules). x: float32 or a narrower float format; block: 32 (the OCP
-    block), 16, (1, 32), (1, 16) or (16, 16); scale_rule: "ocp", "te" or "trainium"; mode:
+    block), 16, (1, 32), (1, 16), (16, 16) or (32, 32); scale_rule: "ocp", "te" or "trainium"; mode:
     "nearest_even", "stochastic" or "stochastic_8bit" (with seed/stream or random_bits).
     Oracle: ``mpt.reference.microscaling.quantize_mx_reference``."""
     fmt, emax, fmax = _element_info(fmt)
@@ -391,8 +393,8 @@ def quantize_nvfp4(x, *, axis=-1, block=16, scale_rule="te", mode="nearest_even"
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension")
     layout = _Layout(x.shape, axis, block)
-    if layout.block == (1, 32):
-        raise ValueError("NVFP4 blocks are 1x16 or 16x16; got (1, 32)")
+    if 32 in layout.block:
+        raise ValueError(f"NVFP4 blocks are 1x16 or 16x16; got {layout.block}")
     words = _words(x.shape, mode, seed, stream, random_bits)
     if global_amax is None:
         global_amax = np.fmax.reduce(np.abs(x).ravel(), initial=0)
@@ -411,6 +413,17 @@ def quantize_nvfp4(x, *, axis=-1, block=16, scale_rule="te", mode="nearest_even"
     return BlockScaledArray(np.ascontiguousarray(layout.unblocks(codes)),
                             np.ascontiguousarray(layout.scales_out(scale)), fp4,
                             get_format("fp8_e4m3fn"), layout.block, layout.axis, s_dec, amax)
+
+
+def nvfp4_gemm_alpha(amax_a, amax_b, alpha=1.0) -> np.float32:
+    """Transformer Engine's per-tensor factor of an NVFP4 GEMM (``nvte_nvfp4_compute_per_tensor_
+    scale``): fl32(fl32(fl32(alpha·amax_A)·amax_B)·fl32(1/(6²·448²))), float32 steps left to
+    right. ``mpt.gemm`` multiplies the FP32 result by it (``scale_a=alpha``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _F32(_F32(_F32(_F32(alpha) * _F32(amax_a)) * _F32(amax_b)) * _ALPHA_FACTOR)
+
+
+_ALPHA_FACTOR = _F32(1.0 / (6.0 * 6.0 * 448.0 * 448.0))
 
 
 # ---- the 16x16 random Hadamard transform ---------------------------------------------------------
