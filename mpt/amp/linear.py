@@ -317,18 +317,21 @@ class BlockScaledLinear(Module):
         return _Linear.apply(x, self.weight, self.bias, x.format, self.plan, self.states)
 
     def _record(self, role, values, result):
-        x = np.asarray(values, np.float64)
-        d = result.decode()
-        finite = np.isfinite(x) & np.isfinite(d)
-        nonzero = finite & (x != 0)
-        top = np.abs(result.element_values()) == result.element_format.max
+        """Add one quantization to :attr:`quantization_counts` (float64 sums, numpy's pairwise
+        summation: statistics, not an emulated rounding)."""
+        x = np.asarray(values, np.float64).ravel()
+        d = result.decode().ravel()
+        top = (np.abs(result.element_values()) == result.element_format.max).ravel()
+        diff = d - x
+        finite = np.isfinite(diff)                 # NaN or Inf in x, or a NaN scale
+        if not finite.all():
+            x, d, diff, top = x[finite], d[finite], diff[finite], top[finite]
         counts = self.quantization_counts[role]
-        counts["numel"] += x.size
-        counts["nonzero"] += int(np.count_nonzero(nonzero))
-        counts["saturated"] += int(np.count_nonzero(nonzero & top & (np.abs(x) > np.abs(d))))
-        err = (d - x)[finite]
-        counts["sq_err"] += float(np.dot(err, err))
-        counts["sq"] += float(np.dot(x[finite], x[finite]))
+        counts["numel"] += values.size
+        counts["nonzero"] += int(np.count_nonzero(x))
+        counts["saturated"] += int(np.count_nonzero(top & (np.abs(x) > np.abs(d))))
+        counts["sq_err"] += float(np.square(diff).sum())
+        counts["sq"] += float(np.square(x).sum())
 
     def reset_counts(self) -> None:
         """Zero :attr:`quantization_counts` (class docstring)."""

@@ -218,6 +218,11 @@ class Recipe:
         if self.state_format != "fp32":
             raise ValueError(f"state_format must be 'fp32' (mpt.optim keeps FP32 states); got "
                              f"{self.state_format!r}")
+        if self.block_scaled is not None and not isinstance(self.block_scaled, BlockScaledConfig):
+            raise TypeError("block_scaled must be a BlockScaledConfig or None")
+        if self.block_scaled is not None and self.fp8 is not None:
+            raise ValueError("a recipe has FP8 (delayed scaling) or block-scaled Linear layers, "
+                             "not both")
         self._check_compute()
         self._resolve_target()
         object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
@@ -228,11 +233,7 @@ class Recipe:
             raise TypeError("loss_scaling must be a LossScaling")
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
             raise TypeError("fp8 must be an Fp8Config or None")
-        if self.block_scaled is not None and not isinstance(self.block_scaled, BlockScaledConfig):
-            raise TypeError("block_scaled must be a BlockScaledConfig or None")
-        if self.block_scaled is not None and self.fp8 is not None:
-            raise ValueError("a recipe has FP8 (delayed scaling) or block-scaled Linear layers, "
-                             "not both")
+
 
     def _resolve_target(self):
         """Fill the GEMM models and FP8 flavour the target decides (module docstring)."""

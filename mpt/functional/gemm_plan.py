@@ -226,6 +226,9 @@ def _mma_scales(result, axis):
 def _block_scaled(stored, values, q, state, axis):
     """MX or NVFP4 along ``axis`` (module docstring)."""
     x = values
+    if x.shape[axis] % q.block[1]:
+        raise ValueError(f"a block-scaled GEMM needs its reduction length to be a multiple of "
+                         f"the block: {x.shape[axis]} is not a multiple of {q.block[1]}")
     if q.wgrad_rht and axis == 0:
         if get_format(stored.dtype).name != "bf16":
             raise TypeError(f"the random Hadamard transform runs on bf16 tensors (Transformer "
