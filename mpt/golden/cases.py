@@ -4,8 +4,14 @@ Each kind is ``compute(inputs, params) -> outputs`` with mpt's public operations
 is bit-exact (mpt is deterministic: its results do not depend on the thread count). Kinds:
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
-  dtype (float32 or float16); outputs ``d``.
-- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales; outputs ``d``.
+  dtype (float32, float16 or float64); an instruction ``variant``, the block-scaled ones with the
+  instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and ``choices`` of the model's
+  assumed rules (``MMAModel.configure``); outputs ``d``.
+- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion, scales and the instruction's block
+  scales; outputs ``d``.
+- ``microscaling``: :func:`mpt.microscaling.quantize_mx` / ``quantize_nvfp4`` (every element
+  format, scale rule, block shape and rounding mode) and ``hadamard_transform``; outputs the
+  element ``codes``, block ``scales``, NVFP4's ``tensor_scale`` and ``amax``, or ``y``.
 - ``fake_quant``: PyTorch's ``fake_quantize_per_{tensor,channel}_affine`` (mpt.kernels.quant);
   outputs ``y`` and the straight-through ``mask``.
 - ``optim``: a few SGD/AdamW steps from stored params and per-step grads under one fma profile;
@@ -23,15 +29,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from mpt import microscaling as _ms
 from mpt.amp.scaler import GradScaler
 from mpt.formats import get_format
 from mpt.functional import scaled_dot_product_attention
 from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
-from mpt.engines import gemm, mma, mma_models
+from mpt.engines import gemm, get_mma_model, mma, mma_models
 from mpt.nn import GPT, Parameter
 from mpt.optim import SGD, AdamW
 from mpt.rounding import round as mpt_round
-from mpt.amp.recipes import recipe_names
+from mpt.amp.recipes import get_recipe, recipe_names
 from mpt.autograd.tensor import Tensor, tensor
 from mpt.train.trainer import TrainConfig, Trainer
 
@@ -40,16 +47,39 @@ __all__ = ["COMPUTE", "default_cases"]
 
 
 # ---- kinds -------------------------------------------------------------------------------------
+def _model(params):
+    return get_mma_model(params["model"]).configure(**params.get("choices", {}))
+
+
 def _compute_mma(inputs, params):
-    return {"d": mma(inputs["a"], inputs["b"], inputs["c"], model=params["model"],
-                     in_format=params["in_format"], out_format=params["out_format"])}
+    return {"d": mma(inputs["a"], inputs["b"], inputs["c"], model=_model(params),
+                     in_format=params["in_format"], out_format=params["out_format"],
+                     variant=params.get("variant"), scale_a=inputs.get("scale_a"),
+                     scale_b=inputs.get("scale_b"))}
 
 
 def _compute_gemm(inputs, params):
     return {"d": gemm(inputs["a"], inputs["b"], inputs.get("c"), model=params["model"],
                       in_format=params["in_format"], split_k=params["split_k"],
                       promote_every=params["promote_every"], scale_a=inputs.get("scale_a"),
-                      scale_b=inputs.get("scale_b"), out_format=params["out_format"])}
+                      scale_b=inputs.get("scale_b"), out_format=params["out_format"],
+                      variant=params.get("variant"), block_scale_a=inputs.get("block_scale_a"),
+                      block_scale_b=inputs.get("block_scale_b"))}
+
+
+def _compute_microscaling(inputs, params):
+    params = dict(params)
+    quantizer = params.pop("quantizer")
+    if quantizer == "hadamard":
+        return {"y": _ms.hadamard_transform(inputs["x"], axis=params["axis"])}
+    if "random_bits" in inputs:
+        params["random_bits"] = inputs["random_bits"]
+    if quantizer == "mx":
+        q = _ms.quantize_mx(inputs["x"], params.pop("format"), **params)
+        return {"codes": q.codes, "scales": q.scales}
+    q = _ms.quantize_nvfp4(inputs["x"], **params)
+    return {"codes": q.codes, "scales": q.scales, "tensor_scale": q.tensor_scale.reshape(()),
+            "amax": q.amax.reshape(())}
 
 
 def _compute_fake_quant(inputs, params):
@@ -119,7 +149,8 @@ def _compute_train_steps(inputs, params):
 #: kind name -> compute function (registered by mpt.golden)
 COMPUTE = {"mma": _compute_mma, "gemm": _compute_gemm, "fake_quant": _compute_fake_quant,
            "optim": _compute_optim, "grad_scaler": _compute_grad_scaler,
-           "attention": _compute_attention, "train_steps": _compute_train_steps}
+           "attention": _compute_attention, "train_steps": _compute_train_steps,
+           "microscaling": _compute_microscaling}
 
 
 # ---- inputs --------------------------------------------------------------------------------------
@@ -163,6 +194,17 @@ def _c(rng, out_format, shape, edge):
     return x.astype(np.float16 if fmt == "fp16" else np.float32)
 
 
+def _fp64(rng, shape, edge):
+    """float64 normal values spread over 2^[-60, 60]; edge: also ±0, subnormals, ±max, ±Inf and
+    NaN in the first row."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-60, 61, shape))
+    if edge:
+        specials = np.array([0.0, -0.0, 5e-324, -2.0**-1022, 1.7976931348623157e308, 1.0])
+        x = np.where(rng.random(shape) < 0.25, rng.choice(specials, shape), x)
+        x[0, :3] = [np.inf, -np.inf, np.nan]
+    return x
+
+
 _FLT_MAX = float.fromhex("0x1.fffffep127")
 
 # The test vectors of docs/tensor_cores.md §3: (a, b, c) with K <= 16, unlisted elements 0.
@@ -199,7 +241,7 @@ def _spec_vectors(fmt: str):
 def _mma_cases(rng):
     cases = []
     for model in mma_models().values():
-        fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
+        fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs if f != "fp64")
         for fmt in fmts:
             outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
             for out in outs:
@@ -219,6 +261,13 @@ def _mma_cases(rng):
                     with np.errstate(over="ignore"):
                         c = c.astype(np.float16 if out == "fp16" else np.float32)
                     cases.append((f"{tag}-spec", "mma", params, {"a": a, "b": b, "c": c}))
+    cases += _variant_cases(rng) + _block_scaled_cases(rng)
+    for model in ("ampere", "hopper"):
+        for edge in (True, False):
+            cases.append((f"mma-{model}-fp64-fp64-{'edge' if edge else 'random'}", "mma",
+                          {"model": model, "in_format": "fp64", "out_format": "fp64"},
+                          {"a": _fp64(rng, (4, 32), edge), "b": _fp64(rng, (4, 32), edge).T.copy(),
+                           "c": _fp64(rng, (4, 4), edge)}))
     for model, fmt in (("hopper", "fp16"), ("ampere", "bf16"), ("hopper", "fp8_e4m3fn"),
                        ("volta", "fp16")):
         params = {"model": model, "in_format": fmt, "out_format": "fp32"}
@@ -226,6 +275,80 @@ def _mma_cases(rng):
             "a": _random(rng, fmt, (2, 4096)), "b": _random(rng, fmt, (4096, 2)),
             "c": np.zeros((2, 2), np.float32)}))
     return cases
+
+
+def _variant_cases(rng):
+    """One edge case per instruction variant of the block model (mma.sync shapes), per output."""
+    cases = []
+    for model in mma_models().values():
+        for cfg in model.configs:
+            if cfg.variant == "default" or model.kind_of(cfg) != "block":
+                continue
+            fmt = cfg.inputs[0]
+            for out, _, _ in cfg.outputs:
+                b_t = _edge(rng, fmt, (4, 32))
+                params = {"model": model.name, "in_format": fmt, "out_format": out,
+                          "variant": cfg.variant}
+                cases.append((f"mma-{model.name}-{cfg.variant}-{fmt}-{out}-edge", "mma", params, {
+                    "a": _edge(rng, fmt, (4, 32)), "b": np.ascontiguousarray(b_t.T),
+                    "c": _c(rng, out, (4, 4), edge=True)}))
+    return cases
+
+
+def _scale_codes(rng, sfmt, shape):
+    """Block-scale codes: near 2^0 mostly; E8M0 also the extremes 0x00/0x01/0xFD/0xFE and NaN;
+    UE4M3 every pattern (sign bits, zeros, subnormals, NaN)."""
+    if sfmt == "ue8m0":
+        s = (127 + rng.integers(-12, 13, shape)).astype(np.uint8)
+        pick = rng.random(shape) < 0.15
+        s[pick] = rng.choice(np.array([0x00, 0x01, 0xFD, 0xFE, 0xFF], np.uint8), pick.sum())
+        return s.view(get_format("e8m0").dtype)
+    s = rng.integers(0, 256, shape).astype(np.uint8)
+    s[((s & 0x7F) == 0x7F) & (rng.random(shape) < 0.7)] = 0x38
+    return s.view(get_format("fp8_e4m3fn").dtype)
+
+
+def _block_scaled_cases(rng):
+    """Every block-scaled variant and scale format of the presets: random element codes (NaN,
+    Inf, zero and subnormal blocks included) with edge scale codes, K = two instructions; and
+    one case of the MMA-Sim zero rule."""
+    cases, seen = [], set()
+    for model in mma_models().values():
+        for cfg in model.configs:
+            if not model.scaled(cfg):
+                continue
+            for sfmt, block in cfg.param("scales"):
+                key = (model.name, cfg.variant, sfmt, block)
+                if key in seen:
+                    continue
+                seen.add(key)
+                fa, fb = cfg.inputs[0], cfg.inputs[-1]
+                k = 2 * cfg.block
+                a = _codes(rng, fa, (4, k), block)
+                b = _codes(rng, fb, (4, k), block).T.copy()
+                params = {"model": model.name, "in_format": None, "out_format": "fp32",
+                          "variant": cfg.variant}              # in_format: a's and b's dtypes
+                inputs = {"a": a, "b": b, "c": _c(rng, "fp32", (4, 4), edge=True),
+                          "scale_a": _scale_codes(rng, sfmt, (4, k // block)),
+                          "scale_b": _scale_codes(rng, sfmt, (k // block, 4))}
+                cases.append((f"mma-{model.name}-{cfg.variant}-{sfmt}-block{block}", "mma",
+                              params, inputs))
+                if key == ("blackwell", "mxf4nvf4", "ue4m3", 16):
+                    cases.append(("mma-blackwell-mxf4nvf4-ue4m3-block16-mma_sim_zero_rule",
+                                  "mma", {**params, "choices": {"zero_rule": "mma_sim"}},
+                                  dict(inputs)))
+    return cases
+
+
+def _codes(rng, fmt, shape, block):
+    """Random element codes of ``fmt`` (every pattern), with a zero block and an all-subnormal
+    block (8-bit formats) in the first row."""
+    f = get_format(fmt)
+    codes = rng.integers(0, 1 << f.bits, shape).astype(np.uint8)
+    codes[0, :block] = 0
+    if f.bits == 8:
+        codes[0, block:2 * block] &= 0x83 if f.exponent_bits == 4 else 0x81
+    return codes.view(f.dtype)
 
 
 def _gemm_cases(rng):
@@ -251,6 +374,59 @@ def _gemm_cases(rng):
         params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": promote,
                   "out_format": out}
         cases.append((f"gemm-{name}", "gemm", params, inputs))
+    x = (rng.standard_normal((4, 256)) * np.exp2(rng.integers(-4, 5, (4, 256)))).astype(np.float32)
+    w = rng.standard_normal((256, 32)).astype(np.float32)
+    qa, qb = _ms.quantize_nvfp4(x), _ms.quantize_nvfp4(w, axis=0)
+    cases.append(("gemm-blackwell-nvfp4-splitk2-alpha", "gemm", {
+        "model": "blackwell", "in_format": "fp4_e2m1fn", "split_k": 2, "promote_every": None,
+        "out_format": "bf16", "variant": "mxf4nvf4"}, {
+        "a": qa.codes, "b": qb.codes, "block_scale_a": qa.scales, "block_scale_b": qb.scales,
+        "scale_a": _ms.nvfp4_gemm_alpha(qa.amax, qb.amax).reshape(())}))
+    return cases
+
+
+def _microscaling_cases(rng):
+    """The quantizers: every MX element format under every scale rule (1x32 along the last
+    axis), the other blocks and axes, both stochastic modes; NVFP4 under each scale rule, 1x16
+    and 16x16, stochastic; inputs with zeros, subnormals, Inf and NaN; the Hadamard transform."""
+    def data(shape):
+        x = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 21, (shape[0], 1)))
+        x = x * np.exp2(rng.integers(-3, 4, shape))
+        x = x.astype(np.float32)
+        x[0, :4] = [np.inf, np.nan, -0.0, 2.0**-140]
+        x[1, :32] = 0.0                                           # a zero block
+        return x
+    cases = []
+    for fmt in _ms.MX_ELEMENT_FORMATS:
+        for rule in _ms.SCALE_RULES:
+            cases.append((f"microscaling-mx-{fmt}-{rule}", "microscaling",
+                          {"quantizer": "mx", "format": fmt, "scale_rule": rule},
+                          {"x": data((4, 64))}))
+    for fmt, block, axis, mode in (("fp4_e2m1fn", [1, 16], 0, "stochastic"),
+                                   ("fp8_e4m3fn", [16, 16], -1, "stochastic_8bit"),
+                                   ("fp6_e3m2fn", [32, 32], -2, "nearest_even")):
+        x = data((32, 64))
+        inputs = {"x": x}
+        if mode != "nearest_even":
+            inputs["random_bits"] = rng.integers(0, 2**32, x.shape, dtype=np.uint64) \
+                .astype(np.uint32)
+        cases.append((f"microscaling-mx-{fmt}-{'x'.join(map(str, block))}-axis{axis}-{mode}",
+                      "microscaling", {"quantizer": "mx", "format": fmt, "block": block,
+                                       "axis": axis, "scale_rule": "te", "mode": mode}, inputs))
+    for rule in _ms.NVFP4_SCALE_RULES:
+        for block in ([1, 16], [16, 16]):
+            cases.append((f"microscaling-nvfp4-{rule}-{'x'.join(map(str, block))}",
+                          "microscaling", {"quantizer": "nvfp4", "block": block,
+                                           "scale_rule": rule}, {"x": data((32, 64))}))
+    for mode in ("stochastic", "stochastic_8bit"):
+        x = data((16, 64))
+        cases.append((f"microscaling-nvfp4-te-1x16-{mode}", "microscaling",
+                      {"quantizer": "nvfp4", "mode": mode, "axis": 0}, {
+                          "x": x, "random_bits": rng.integers(0, 2**32, x.shape, dtype=np.uint64)
+                          .astype(np.uint32)}))
+    y = _in_format("bf16", rng.standard_normal((32, 16)) * np.exp2(rng.integers(-8, 9, (32, 16))))
+    cases.append(("microscaling-hadamard-bf16-axis0", "microscaling",
+                  {"quantizer": "hadamard", "axis": 0}, {"x": y}))
     return cases
 
 
@@ -315,11 +491,12 @@ def _train_cases(rng):
     idx = rng.integers(0, 16, (steps, batch, 9))                            # (steps, B, T+1)
     tokens = {"idx": idx[..., :-1].copy(), "targets": idx[..., 1:].copy()}  # (steps, B, T)
     return [(f"train_steps-{recipe}", "train_steps", {"recipe": recipe, "gpt": shape, "lr": 1e-2},
-             {**init, **tokens}) for recipe in recipe_names()]
+             {**init, **tokens}) for recipe in recipe_names()
+            if get_recipe(recipe).block_scaled is None]    # (their GEMMs: mma/gemm cases)
 
 
 def default_cases(rng: np.random.Generator) -> list[tuple]:
     """The non-rounding cases of the default suite, as (name, kind, params, inputs)."""
     return [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
                             _grad_scaler_cases, _attention_cases, _train_cases)
-            for c in build(rng)]
+            for c in build(rng)] + _microscaling_cases(np.random.default_rng(rng.integers(2**32)))
