@@ -1,7 +1,7 @@
 """L1: NVIDIA GPUs as targets (and the CPU): FP32 GEMMs on CUDA cores (sequential FMA), FP16,
-BF16, TF32 and FP8 on the generation's Tensor Cores (FP64 too on A100 and H100; the block-scaled
-MX/NVFP4 instructions are variants of the B200's and RTX 5090's models), OCP FP8 formats with saturating casts
-(Transformer Engine's HYBRID recipe), and no stochastic rounding in hardware casts."""
+BF16, TF32 and FP8 on the generation's Tensor Cores (the block-scaled MX/NVFP4 instructions are
+variants of the B200's and RTX 5090's models), OCP FP8 formats with saturating casts (Transformer
+Engine's HYBRID recipe), and no stochastic rounding in hardware casts."""
 from __future__ import annotations
 
 from mpt.targets.target import Conversions, Target, register_target
@@ -29,11 +29,11 @@ TARGETS = tuple(register_target(t) for t in (
            sources=("IEEE 754-2019",)),
     _gpu("v100", "volta", ("fp16",), "NVIDIA V100 (Volta, sm_70)"),
     _gpu("t4", "turing", ("fp16",), "NVIDIA T4 (Turing, sm_75)"),
-    _gpu("a100", "ampere", ("fp16", "bf16", "tf32", "fp64"), "NVIDIA A100 (Ampere, sm_80)",
+    _gpu("a100", "ampere", ("fp16", "bf16", "tf32"), "NVIDIA A100 (Ampere, sm_80)",
          ("a30", "a2")),
     _gpu("l40s", "ada", ("fp16", "bf16", "tf32"), "NVIDIA L40S (Ada, sm_89)", ("rtx4090",),
          fp8=True),
-    _gpu("h100", "hopper", ("fp16", "bf16", "tf32", "fp64"), "NVIDIA H100 (Hopper, sm_90)",
+    _gpu("h100", "hopper", ("fp16", "bf16", "tf32"), "NVIDIA H100 (Hopper, sm_90)",
          ("h200", "h800"), fp8=True),
     _gpu("b200", "blackwell", ("fp16", "bf16", "tf32"), "NVIDIA B200 (Blackwell, sm_100)",
          fp8=True),
