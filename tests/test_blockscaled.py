@@ -268,7 +268,8 @@ def test_gemm_chains_block_scaled_instructions_and_applies_software_scales():
     kw = dict(model="b200", variant="mxf4nvf4")
 
     def mma(lo, hi, c=None):
-        return mpt.mma(qa.codes[:, lo:hi], qb.codes[lo:hi], c, scale_a=qa.scales[:, lo // 16:hi // 16],
+        return mpt.mma(qa.codes[:, lo:hi], qb.codes[lo:hi], c,
+                       scale_a=qa.scales[:, lo // 16:hi // 16],
                        scale_b=qb.scales[lo // 16:hi // 16], **kw)
 
     hw = dict(block_scale_a=qa.scales, block_scale_b=qb.scales, **kw)

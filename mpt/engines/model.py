@@ -159,7 +159,7 @@ class MMAModel:
         return cfg.kind or self.kind
 
     def scaled(self, cfg: MMAConfig) -> bool:
-        """Whether ``cfg`` is a block-scaled instruction (its kind takes ``scale_a``/``scale_b``)."""
+        """Whether ``cfg`` is a block-scaled instruction (its kind takes scale_a/scale_b)."""
         return operands_class(self.kind_of(cfg)).SCALES
 
     def choice(self, name: str) -> str:

@@ -15,8 +15,8 @@ computes, and mpt's FP32 matmul. Oracle: ``mpt.reference.mma.ieee_fma_reference`
 fast conditions (finite, non-zero products within [2^-60, 2^60], F <= 29; see
 ``mpt.kernels.mma.block_chain``): the anchor pass (max of nominal products) and the sum pass
 (Σ int32(a·b·2^(F-E)) over chunks of at most 2^(29-F) products, float32 products exact) run in
-registers; the per-block start and the output rounding are the shared Numba steps. Oracle: ``mpt.reference.mma.block_dot_reference``
-and the hardware samples. In both kernels each output element sees the same operations in the
+registers; the per-block start and the output rounding are the shared Numba steps. Oracle:
+``mpt.reference.mma.block_dot_reference`` and the hardware samples. In both kernels each output element sees the same operations in the
 same order whatever the tiling and the thread count.
 """
 from __future__ import annotations

@@ -4,8 +4,8 @@ numbers.
 :class:`Trainer` takes a network built in fp32 (``network(idx)`` → logits (B, T, vocab), e.g.
 ``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
 
-* the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with ``fp8``),
-  ``BlockScaledLinear`` (recipes with ``block_scaled``; all but the last ``bf16_last``, numbered in
+* the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with
+  ``fp8``), ``BlockScaledLinear`` (recipes with ``block_scaled``; all but the last ``bf16_last``, numbered in
   module order, their stochastic rounding keyed by ``config.seed``, the step and the micro-batch)
   or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
   ``recipe.param_format``;
