@@ -258,8 +258,9 @@ def _layer_activations(b, s, shape, recipe, backend) -> dict:
     sbh, sb = s * b * d, s * b
     c = _F32 if recipe.compute_format == "tf32" else _bytes(recipe.compute_format)
     low = recipe.param_format != "fp32"
-    lin = 1 if recipe.fp8 is not None else c          # FP8 Linears save 1-byte copies
-    copies = recipe.autocast or recipe.fp8 is not None
+    quantized = recipe.fp8 is not None or recipe.block_scaled is not None
+    lin = 1 if quantized else c     # FP8 / block-scaled Linears save 1-byte codes (the block
+    copies = recipe.autocast or quantized   # scales, 1 byte per 16 or 32 codes, not counted)
     if backend == "flash":
         attention = 4 * sbh * c + a * sb * _F32
     else:

@@ -185,11 +185,11 @@ BAD = [
                                              model="cdna4", scale_a=np.full((2, 1), 127, np.uint8),
                                              scale_b=np.full((2, 2), 127, np.uint8)), ValueError,
      r"scale_a must have shape \(2, 2\) \(one E8M0 scale per 32 k\); got \(2, 1\)"),
-    ("gemm-e8m0-with-float32", lambda: mpt.gemm(np.ones((2, 64), ml_dtypes.float4_e2m1fn),
-                                                np.ones((64, 2), ml_dtypes.float4_e2m1fn),
-                                                model="cdna4", scale_a=np.ones((2, 2), np.uint8),
-                                                scale_b=np.float32(1)), TypeError,
-     "scale_a and scale_b must both be E8M0 block scales"),
+    ("gemm-e8m0-as-software-scale", lambda: mpt.gemm(
+        np.ones((2, 64), ml_dtypes.float4_e2m1fn), np.ones((64, 2), ml_dtypes.float4_e2m1fn),
+        model="cdna4", scale_a=np.ones((2, 2), ml_dtypes.float8_e8m0fnu), scale_b=np.float32(1)),
+     TypeError, "scale_a is a float32 dequantisation scale; the instruction's float8_e8m0fnu "
+                "block scales go in block_scale_a"),
     ("gemm-fp64-out", lambda: mpt.gemm(np.ones((2, 4)), np.ones((4, 2)), model="cdna3",
                                        out_format="bf16"), ValueError,
      "an FP64 accumulator \\(f64 instructions\\) takes out_format 'fp64'"),

@@ -103,7 +103,7 @@ def test_recovers_every_registered_model(name, variant, choices, tmp_path):
     source = Candidate(model, variant)
     for p in ch.pairs:
         if not p.probed:
-            kind = operands_class(model.kind)
+            kind = operands_class(model.kind_of(model.config(p.in_format, p.in_format, variant)))
             assert kind.SCALES or kind.OPTIONS, f"{p.label} not probed: {p.error}"
             assert p.error in ch.text()
             continue
@@ -113,7 +113,7 @@ def test_recovers_every_registered_model(name, variant, choices, tmp_path):
             assert _same_bits(model, variant, c.candidate.model, c.candidate.variant,
                               p.in_format, p.out_format), (p.label, c.candidate.label)
         cfg = model.config(p.in_format, p.in_format, variant)
-        if model.kind == "block":
+        if model.kind_of(cfg) == "block":
             rounding, e_zero = cfg.output(p.out_format)
             fit = p.fit.params
             assert p.fit.verified, (p.label, p.fit.reason, p.fit.mismatches[:5])
@@ -127,7 +127,8 @@ def test_recovers_every_registered_model(name, variant, choices, tmp_path):
     if not probed:
         return
     assert ch.matches(model) and ch.model is not None
-    if model.kind == "block":
+    if all(model.kind_of(model.config(p.in_format, p.in_format, variant)) == "block"
+           for p in probed):        # (a Tensor Core model with FP64 instructions is not one)
         assert ch.source.startswith("block model")
     path = tmp_path / "characterization.json"
     ch.write(path)

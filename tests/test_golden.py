@@ -5,6 +5,8 @@ import pathlib
 import numpy as np
 import pytest
 
+import mpt
+
 from mpt import golden
 from mpt.formats import get_format
 from mpt.cli import main
@@ -202,7 +204,7 @@ def test_edge_cases_hold_specials(suite):
 
 def test_amd_cases_keep_their_own_nans_and_formats(suite):
     """AMD's results carry no canonical NaN (NVIDIA's 0x7FFFFFFF); f64 cases are FP64 throughout;
-    CDNA4's block-scale GEMM stores its E8M0 scales as uint8 patterns."""
+    CDNA4's block-scale GEMM hands its E8M0 codes to the instruction (block_scale_a/b)."""
     cases = {c.name: c for c in suite[0]}
     d = cases["mma-cdna3-fp16-fp32-edge"].outputs["d"]
     nan_bits = d.view(np.uint32)[np.isnan(d)]
@@ -211,4 +213,5 @@ def test_amd_cases_keep_their_own_nans_and_formats(suite):
     f64 = cases["gemm-cdna2-fp64-splitk2"]
     assert f64.inputs["c"].dtype == np.float64 and f64.outputs["d"].dtype == np.float64
     scaled = cases["gemm-cdna4-fp4-e8m0-block-scales-splitk2"]
-    assert scaled.inputs["scale_a"].dtype == np.uint8 and scaled.inputs["scale_a"].shape == (4, 16)
+    assert scaled.inputs["block_scale_a"].dtype == mpt.get_format("e8m0").dtype
+    assert scaled.inputs["block_scale_a"].shape == (4, 16) and "scale_a" not in scaled.inputs

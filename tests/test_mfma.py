@@ -507,17 +507,17 @@ def test_fp64_outputs_and_gemm():
 
 
 def test_block_scales_through_gemm():
-    """E8M0 scale_a/scale_b reach the instruction (v_mfma_scale) through mpt.gemm too, split-K
-    included; float32 scales stay software scales on the unscaled instruction; bad shapes and
-    mixed kinds are refused by name."""
+    """E8M0 block scales reach the instruction (v_mfma_scale) through mpt.gemm's
+    block_scale_a/block_scale_b too, split-K included; float32 scale_a/scale_b stay software
+    scales on the unscaled instruction; bad shapes and mixed kinds are refused by name."""
     rng = np.random.default_rng(6)
     a = mpt.round(rng.standard_normal((2, 100)).astype(np.float32), "fp4_e2m1fn")
     b = mpt.round(rng.standard_normal((100, 3)).astype(np.float32), "fp6_e2m3fn")
     sa = rng.integers(120, 135, (2, 4)).astype(np.uint8)
     sb = rng.integers(120, 135, (4, 3)).astype(np.uint8)
     d = mpt.mma(a, b, model="cdna4", scale_a=sa, scale_b=sb)
-    assert np.array_equal(mpt.gemm(a, b, model="cdna4", scale_a=sa, scale_b=sb).view(np.uint32),
-                          d.view(np.uint32))
+    assert np.array_equal(mpt.gemm(a, b, model="cdna4", block_scale_a=sa,
+                                   block_scale_b=sb).view(np.uint32), d.view(np.uint32))
     unscaled = mpt.mma(a, b, model="cdna4")
     assert not np.array_equal(d.view(np.uint32), unscaled.view(np.uint32))
     e8m0 = get_format("e8m0").dtype
@@ -527,8 +527,8 @@ def test_block_scales_through_gemm():
     assert np.array_equal(soft.view(np.uint32), unscaled.view(np.uint32))   # alpha = 1 exactly
     with pytest.raises(ValueError, match=r"scale_a must have shape \(2, 4\)"):
         mpt.mma(a, b, model="cdna4", scale_a=sa[:, :3], scale_b=sb)
-    with pytest.raises(TypeError, match="must both be E8M0 block scales"):
-        mpt.gemm(a, b, model="cdna4", scale_a=sa, scale_b=np.float32(1))
+    with pytest.raises(TypeError, match="block scales go in block_scale_a"):
+        mpt.gemm(a, b, model="cdna4", scale_a=sa.view(e8m0), scale_b=np.float32(1))
     with pytest.raises(ValueError, match="model 'cdna3' takes no block scales"):
         mpt.mma(a.astype(np.float16), b.astype(np.float16), model="cdna3", scale_a=sa,
                 scale_b=sb)

@@ -19,7 +19,7 @@ from mpt.formats import get_format
 from mpt.reference.mma import mma_reference
 from mpt.testing import as_bits as _bits
 
-NVIDIA = ["volta", "turing", "ampere", "ada", "hopper", "blackwell"]
+NVIDIA = ["volta", "turing", "ampere", "ada", "hopper", "blackwell", "rtx_blackwell"]
 FLT_MAX = float.fromhex("0x1.fffffep127")
 
 
@@ -44,10 +44,26 @@ def _as_format(values, fmt):
     return y if np.array_equal(y.astype(np.float64), x) else None
 
 
-def _model_dict(model, fa, fb, out):
+def _block_configs(model):
+    """The block-model configurations of a preset (every instruction variant; the block-scaled
+    and FP64 ones have their own tests: test_blockscaled.py, test_mma_variants.py)."""
+    m = mpt.get_mma_model(model)
+    return [cfg for cfg in m.configs if m.kind_of(cfg) == m.kind]
+
+
+def _variant(cfg):
+    """``mpt.mma``'s variant argument for a configuration (None for the default)."""
+    return None if cfg.variant == "default" else cfg.variant
+
+
+def _id(model, cfg):
+    return model if cfg.variant == "default" else f"{model}[{cfg.variant}]"
+
+
+def _model_dict(model, fa, fb, out, variant=None):
     """The oracle's description of a preset for these formats."""
     model = mpt.get_mma_model(model)
-    cfg = model.config(fa, fb)
+    cfg = model.config(fa, fb, variant)
     rounding, e_zero = cfg.output(out)
     return {"kind": model.kind, "block": cfg.block, "fraction_bits": cfg.fraction_bits,
             "e_zero": e_zero, "rounding": rounding}
@@ -61,28 +77,48 @@ def test_preset_names_and_aliases():
                             "cdna4"]
     for alias, name in [("v100", "volta"), ("t4", "turing"), ("a100", "ampere"), ("a2", "ampere"),
                         ("l40s", "ada"), ("rtx4090", "ada"), ("h100", "hopper"), ("H200", "hopper"),
-                        ("b200", "blackwell")]:
+                        ("b200", "blackwell"), ("rtx5090", "rtx_blackwell"),
+                        ("SM120", "rtx_blackwell")]:
         assert mpt.get_mma_model(alias) is models[name]
     assert mpt.get_mma_model(models["hopper"]) is models["hopper"]
     for m in models.values():
         assert m.describe()["name"] == m.name
 
 
-@pytest.mark.parametrize("model, fmt, block, fraction_bits, outputs", [
-    ("volta", "fp16", 4, 23, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -19)}),
-    ("turing", "fp16", 8, 24, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -20)}),
-    ("ampere", "bf16", 8, 24, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -20)}),
-    ("ampere", "tf32", 4, 24, {"fp32": ("rz_fp32", -132)}),
-    ("ada", "fp8_e4m3fn", 16, 13, {"fp32": ("rz_e8m13", -132), "fp16": ("rne_fp16", -20)}),
-    ("hopper", "fp16", 16, 25, {"fp32": ("rz_fp32", -133), "fp16": ("rne_fp16", -21)}),
-    ("hopper", "tf32", 8, 25, {"fp32": ("rz_fp32", -133)}),
-    ("hopper", "fp8_e5m2", 32, 13, {"fp32": ("rz_e8m13", -133)}),
-    ("blackwell", "bf16", 16, 25, {"fp32": ("rz_fp32", -133), "fp16": ("rne_fp16", -21)}),
-    ("blackwell", "fp4_e2m1fn", 32, 25, {"fp32": ("rz_fp32", -133)}),
+_FP32_16 = {"fp32": ("rz_fp32", -133), "fp16": ("rne_fp16", -21)}
+
+
+@pytest.mark.parametrize("model, fmt, variant, block, fraction_bits, outputs", [
+    ("volta", "fp16", None, 4, 23, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -19)}),
+    ("turing", "fp16", None, 8, 24, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -20)}),
+    ("turing", "fp16", "m8n8k4", 4, 24, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -20)}),
+    ("ampere", "bf16", None, 8, 24, {"fp32": ("rz_fp32", -132), "fp16": ("rne_fp16", -20)}),
+    ("ampere", "tf32", None, 4, 24, {"fp32": ("rz_fp32", -132)}),
+    ("ampere", "fp64", None, 1, None, {"fp64": ("rne_fp64", None)}),
+    ("ada", "fp8_e4m3fn", None, 16, 13, {"fp32": ("rz_e8m13", -132), "fp16": ("rne_fp16", -20)}),
+    ("hopper", "fp16", None, 16, 25, _FP32_16),
+    ("hopper", "fp16", "m16n8k8", 8, 25, _FP32_16),
+    ("hopper", "bf16", "m16n8k8", 8, 25, _FP32_16),
+    ("hopper", "tf32", None, 8, 25, {"fp32": ("rz_fp32", -133)}),
+    ("hopper", "tf32", "m16n8k4", 4, 25, {"fp32": ("rz_fp32", -133)}),
+    ("hopper", "fp8_e5m2", None, 32, 13, {"fp32": ("rz_e8m13", -133), "fp16": ("rne_fp16", -21)}),
+    ("hopper", "fp64", None, 1, None, {"fp64": ("rne_fp64", None)}),
+    ("blackwell", "bf16", None, 16, 25, _FP32_16),
+    ("blackwell", "bf16", "m16n8k8", 8, 25, _FP32_16),
+    ("blackwell", "tf32", "m16n8k4", 4, 25, {"fp32": ("rz_fp32", -133)}),
+    ("blackwell", "fp4_e2m1fn", None, 32, 25, _FP32_16),
+    ("blackwell", "fp8_e4m3fn", "mxf8f6f4", 32, 25, {"fp32": ("rz_fp32", -133)}),
+    ("blackwell", "fp4_e2m1fn", "mxf4nvf4", 64, 35, {"fp32": ("rz_fp32", -133)}),
+    ("rtx_blackwell", "fp16", None, 16, 25, _FP32_16),
+    ("rtx_blackwell", "tf32", None, 8, 25, {"fp32": ("rz_fp32", -133)}),
+    ("rtx_blackwell", "fp8_e4m3fn", None, 32, 25, _FP32_16),
+    ("rtx_blackwell", "fp8_e5m2", "m16n8k16", 16, 25, _FP32_16),
+    ("rtx_blackwell", "fp4_e2m1fn", "mxf4", 64, 35, {"fp32": ("rz_fp32", -133)}),
 ])
-def test_spec_parameters(model, fmt, block, fraction_bits, outputs):
-    """The preset table of docs/tensor_cores.md §2, row by row."""
-    cfg = mpt.get_mma_model(model).config(fmt, fmt)
+def test_spec_parameters(model, fmt, variant, block, fraction_bits, outputs):
+    """The preset table of docs/tensor_cores.md §2, row by row (and the instruction variants of
+    docs/blockscaled.md)."""
+    cfg = mpt.get_mma_model(model).config(fmt, fmt, variant)
     assert (cfg.block, cfg.fraction_bits) == (block, fraction_bits)
     assert {o: (r, e) for o, r, e in cfg.outputs} == outputs
 
@@ -98,8 +134,8 @@ def test_unknown_model_and_formats():
     with pytest.raises(ValueError, match="does not take inputs .*fp16, bf16"):   # no fp16 x bf16
         mpt.mma(a, a.T.astype(ml_dtypes.bfloat16), model="hopper")
     with pytest.raises(ValueError, match="out_format must be one of 'fp32'"):
-        mpt.mma(a.astype(ml_dtypes.float8_e4m3fn), a.T.astype(ml_dtypes.float8_e4m3fn),
-                model="hopper", out_format="fp16")
+        mpt.mma(a.astype(np.float32), a.T.astype(np.float32), model="hopper", in_format="tf32",
+                out_format="fp16")
     with pytest.raises(ValueError, match="does not take inputs .*fp32"):
         mpt.mma(a.astype(np.float32), a.T.astype(np.float32), model="ampere")
 
@@ -136,7 +172,7 @@ def _vector_cases(vid, a, b, c, expect, out="fp32", families=("fp16", "bf16", "t
     representable (first such format of the configuration) and ``expect(model, cfg)`` is given."""
     cases = []
     for model in models:
-        for cfg in mpt.get_mma_model(model).configs:
+        for cfg in _block_configs(model):
             if out not in (o for o, _, _ in cfg.outputs):
                 continue
             fmt = next((f for f in cfg.inputs
@@ -145,8 +181,8 @@ def _vector_cases(vid, a, b, c, expect, out="fp32", families=("fp16", "bf16", "t
                 continue
             e = expect(model, cfg)
             if e is not None:
-                cases.append(pytest.param(model, fmt, out, a, b, c, e,
-                                          id=f"{vid}-{model}-{fmt}-{out}"))
+                cases.append(pytest.param(model, fmt, out, a, b, c, e, _variant(cfg),
+                                          id=f"{vid}-{_id(model, cfg)}-{fmt}-{out}"))
     return cases
 
 
@@ -176,10 +212,10 @@ VECTORS = (
                     _by_l({4: 1.5 * 2.0**-15, 8: 2.0**-15, 16: 0.0}), families=("fp16", "bf16"))
     + _vector_cases("V4", [0.0] * 4, [0.0] * 4, _Bits(0x3F800008),
                     _fp8({"ada": _Bits(0x3F800000), "hopper": _Bits(0x3F800000),
-                          "blackwell": _Bits(0x3F800008)}))
+                          "blackwell": _Bits(0x3F800008), "rtx_blackwell": _Bits(0x3F800008)}))
     + _vector_cases("V4b", [1, -1], [1, 1], 2.0**-10 + 2.0**-20,
                     _fp8({"ada": _Bits(0x3A800000), "hopper": _Bits(0x3A800000),
-                          "blackwell": _Bits(0x3A802000)}))
+                          "blackwell": _Bits(0x3A802000), "rtx_blackwell": _Bits(0x3A802000)}))
     + _vector_cases("V5", [0.5] * 4, [1, 1, 2.0**-10, 2.0**-23], 0.0, _every(_Bits(0x3C01)),
                     out="fp16")
     + _vector_cases("V6a", [0.5], [1], 1024.0, _every(1024.0), out="fp16")
@@ -217,14 +253,14 @@ VECTORS = (
 )
 
 
-@pytest.mark.parametrize("model, fmt, out, a, b, c, expected", VECTORS)
-def test_spec_vectors(model, fmt, out, a, b, c, expected):
-    """Every Section 3 vector on every architecture it names (and those its parameters imply),
-    as one output element: a (1, K), b (K, 1), c (1, 1)."""
+@pytest.mark.parametrize("model, fmt, out, a, b, c, expected, variant", VECTORS)
+def test_spec_vectors(model, fmt, out, a, b, c, expected, variant):
+    """Every Section 3 vector on every architecture and instruction variant it names (and those
+    its parameters imply), as one output element: a (1, K), b (K, 1), c (1, 1)."""
     in_format = "tf32" if fmt == "tf32" else None
     c = _as_format([c], out)
     d = mpt.mma(_as_format(a, fmt)[None, :], _as_format(b, fmt)[:, None], c[None, :], model=model,
-                in_format=in_format, out_format=out)
+                in_format=in_format, out_format=out, variant=variant)
     want = int(_bits(_as_format([expected], out))[0])
     assert int(_bits(d)[0, 0]) == want, f"got {int(_bits(d)[0, 0]):#x}, want {want:#x}"
 
@@ -277,7 +313,7 @@ def _e_zero_cases():
     exactly q = 2^(e_zero - F): the bits flip if the anchor moves by one binade either way."""
     cases = []
     for model in NVIDIA:
-        for cfg in mpt.get_mma_model(model).configs:
+        for cfg in _block_configs(model):
             for out, rounding, e_zero in cfg.outputs:
                 boundary, hit, below = {"rz_fp32": (Fraction(2) ** -149, 2.0**-149, 0.0),
                                         "rne_fp16": (Fraction(3, 2**25), 2.0**-23, 2.0**-24),
@@ -293,18 +329,19 @@ def _e_zero_cases():
                         continue  # not representable: e_zero has no visible effect here
                     a, b = zip(*(pairs + [tail]))
                     cases.append(pytest.param(model, fmt, out, list(a), list(b), expected,
-                                              id=f"{model}-{fmt}-{out}-q{'/2' * shift}"))
+                                              _variant(cfg),
+                                              id=f"{_id(model, cfg)}-{fmt}-{out}-q{'/2' * shift}"))
     return cases
 
 
-@pytest.mark.parametrize("model, fmt, out, a, b, expected", _e_zero_cases())
-def test_e_zero(model, fmt, out, a, b, expected):
+@pytest.mark.parametrize("model, fmt, out, a, b, expected, variant", _e_zero_cases())
+def test_e_zero(model, fmt, out, a, b, expected, variant):
     """The zero term's exponent: terms a·b sum to a rounding boundary with a lowest term of
     q = 2^(e_zero - F) (kept: the boundary is reached) or q/2 (truncated: it is not)."""
     in_format = "tf32" if fmt == "tf32" else None
     c = np.zeros((1, 1), get_format(out).dtype)
     d = mpt.mma(_as_format(a, fmt)[None, :], _as_format(b, fmt)[:, None], c, model=model,
-                in_format=in_format)
+                in_format=in_format, variant=variant)
     assert int(_bits(d)[0, 0]) == int(_bits(_as_format([expected], out))[0])
 
 
@@ -366,26 +403,30 @@ def _configs():
     for name, model in mpt.mma_models().items():
         if model.kind == "mfma":
             continue
-        for cfg in model.configs:
+        configs = _block_configs(name) if model.kind == "block" else model.configs
+        for cfg in configs:
             fmts = cfg.inputs
+            if cfg.evidence == "assumption" and model.kind == "block":
+                fmts = ("fp6_e3m2fn", "fp6_e2m3fn")     # the others take the first config
             if model.kind != "block":
                 fmts = ("fp32", "tf32", "bf16", "fp8_e5m2")
             pairs = [(f, f) for f in fmts]
-            if len(cfg.inputs) > 1:
+            if len(fmts) > 1:
                 pairs.append((fmts[0], fmts[1]))          # mixed formats, where the model mixes
             for fa, fb in pairs:
                 for o, _, _ in cfg.outputs:
-                    out.append(pytest.param(name, fa, fb, o, id=f"{name}-{fa}-{fb}-{o}"))
+                    out.append(pytest.param(name, fa, fb, o, _variant(cfg),
+                                            id=f"{_id(name, cfg)}-{fa}-{fb}-{o}"))
     return out
 
 
-@pytest.mark.parametrize("model, fa, fb, out", _configs())
+@pytest.mark.parametrize("model, fa, fb, out, variant", _configs())
 @given(data=st.data())
 @settings(max_examples=100)
-def test_matches_oracle(model, fa, fb, out, data):
+def test_matches_oracle(model, fa, fb, out, variant, data):
     """D bits equal the exact-rational oracle's on random bit patterns; K spans several blocks
     and a partial last one."""
-    cfg = mpt.get_mma_model(model).config(fa, fb)
+    cfg = mpt.get_mma_model(model).config(fa, fb, variant)
     block = cfg.block or 8
     m, n = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 2))
     k = data.draw(st.integers(0, 2 * block + 3))
@@ -405,9 +446,9 @@ def test_matches_oracle(model, fa, fb, out, data):
     c = _patterns(rng, out, (m, n), c_center, (0.2, 0.7, 0.1))
     in_format = (fa, fb) if "tf32" in (fa, fb) else None
     d = mpt.mma(_view(a, fa), _view(b, fb), _view(c, out), model=model, in_format=in_format,
-                out_format=out)
-    want = mma_reference(a.tolist(), b.tolist(), c.tolist(), _model_dict(model, fa, fb, out),
-                         fa, fb)
+                out_format=out, variant=variant)
+    want = mma_reference(a.tolist(), b.tolist(), c.tolist(),
+                         _model_dict(model, fa, fb, out, variant), fa, fb)
     assert _bits(d).tolist() == want
 
 
@@ -438,8 +479,9 @@ def test_batches_broadcast_and_split(model, dtype, in_format):
     ("ieee_fma", np.float32, None), ("ieee_mul_add", np.float32, None),
     ("hopper", ml_dtypes.float8_e5m2, None), ("blackwell", ml_dtypes.float8_e4m3fn, None)])
 def test_thread_count_does_not_change_bits(model, dtype, in_format):
-    """Register-blocked and general block paths (Blackwell FP8 always takes the general one),
-    the exact and the IEEE models: identical bits on 1 and 2 threads."""
+    """Register-blocked and general block paths (Blackwell FP8: the register path with int32
+    partial sums of 16 products), the exact and the IEEE models: identical bits on 1 and 2
+    threads."""
     rng = np.random.default_rng(3)
     a = (rng.standard_normal((2, 70, 130)) * 8).astype(np.float32).astype(dtype)
     b = rng.standard_normal((130, 150)).astype(np.float32).astype(dtype)

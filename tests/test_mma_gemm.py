@@ -164,4 +164,5 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="accumulate='fp16' models the Tensor Core's FP16"):
         mpt.gemm(h, h.T, model="ampere", accumulate="fp16", split_k=2)
     with pytest.raises(ValueError, match="out_format must be one of 'fp32'"):
-        mpt.gemm(a, b, model="hopper", accumulate="fp16")
+        mpt.gemm(h.astype(np.float32), h.T.astype(np.float32), model="hopper", in_format="tf32",
+                 accumulate="fp16")

@@ -19,6 +19,8 @@ TABLE = {
     "bf16-pure-sr": ("bf16", None, "bf16", False, "hopper", "none", False, "stochastic"),
     "fp16-noscale": ("fp16", "fp32", "fp16", False, "hopper", "none", False, "nearest_even"),
     "fp8-hybrid": ("fp32", None, "bf16", True, "hopper", "none", True, "nearest_even"),
+    **{name: ("fp32", None, "bf16", True, "blackwell", "none", False, "nearest_even")
+       for name in ("mxfp8", "nvfp4", "nvfp4-no-rht", "nvfp4-no-sr", "nvfp4-no-2d", "mxfp4")},
 }
 
 

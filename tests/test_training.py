@@ -9,7 +9,7 @@ import mpt.functional as F
 from mpt import nn
 from mpt.amp import GradScaler, StaticLossScale
 from mpt.train.corpus import MarkovCorpus
-from mpt.amp.linear import Fp8Linear, Tf32Linear
+from mpt.amp.linear import BlockScaledLinear, Fp8Linear, Tf32Linear
 from mpt.optim import AdamW
 from mpt.amp.recipes import LossScaling, get_recipe, recipe_names
 from mpt.train.trainer import StepMetrics, TrainConfig, Trainer, learning_rate
@@ -17,8 +17,8 @@ from mpt.train.trainer import StepMetrics, TrainConfig, Trainer, learning_rate
 CORPUS = MarkovCorpus(16, 8, seed=0)
 
 
-def _gpt(seed=0):
-    return nn.GPT(16, 16, 1, 2, 8, seed=seed)
+def _gpt(seed=0, width=16):
+    return nn.GPT(16, width, 1, 2, 8, seed=seed)
 
 
 def _batch(index, batch=4):
@@ -35,14 +35,16 @@ def _same_bits(a, b):
 @pytest.mark.parametrize("name", recipe_names())
 def test_trainer_sets_up_the_recipe(name):
     recipe = get_recipe(name)
-    trainer = Trainer(_gpt(), name)
+    trainer = Trainer(_gpt(width=32 if recipe.block_scaled else 16), name)   # MX: blocks of 32
     assert {p.format.name for p in trainer.network.parameters()} == {recipe.param_format}
     assert trainer.optimizer.master_weights == (recipe.master_format is not None)
     assert trainer.optimizer.rounding == recipe.rounding
     scaler = {"none": type(None), "dynamic": GradScaler}[recipe.loss_scaling.kind]
     assert type(trainer.scaler) is scaler
-    linears = [m for m in trainer.network.modules() if isinstance(m, (Fp8Linear, Tf32Linear))]
-    kind = Fp8Linear if recipe.fp8 else Tf32Linear if recipe.compute_format == "tf32" else None
+    linears = [m for m in trainer.network.modules()
+               if isinstance(m, (Fp8Linear, Tf32Linear, BlockScaledLinear))]
+    kind = Fp8Linear if recipe.fp8 else Tf32Linear if recipe.compute_format == "tf32" else \
+        BlockScaledLinear if recipe.block_scaled else None
     assert len(linears) == (4 if kind else 0) and all(type(m) is kind for m in linears)
     assert len(trainer.fp8_layers) == (4 if recipe.fp8 else 0)
     m = trainer.train_step([_batch(0)])

@@ -21,7 +21,8 @@ rolls out). **Current scaling** (:func:`current_scale`) uses the amax of the ten
 optionally rounded down to a power of two. **MX** (OCP Microscaling v1.0): blocks of 32 elements
 along the last axis share an E8M0 scale ``X = 2^(floor(log2 amax) − emax_elem)`` (clamped to
 [2^-127, 2^127]; NaN when the block holds Inf/NaN; 2^-127 for an all-zero block) and the elements
-``round_fmt(x / X)`` saturate.
+``round_fmt(x / X)`` saturate: :func:`mpt.microscaling.quantize_mx` with the OCP rule, which
+also has the other element formats, scale rules, block shapes and NVFP4.
 
 Oracle: ``mpt.reference.delayed_scaling_reference`` and ``mx_scale_exponent_reference``
 (tests/test_fp8.py). State is plain numpy/scalars: ``state_dict`` / ``load_state_dict``.
@@ -35,6 +36,7 @@ import numpy as np
 
 from mpt._checks import check_array, check_bool, check_int, check_real
 from mpt.formats import Format, get_format
+from mpt.microscaling import quantize_mx
 from mpt.rounding import round as round_format
 from mpt.autograd.tensor import opmath
 
@@ -290,24 +292,11 @@ class MXArray:
 
 
 def mx_quantize(x, fmt) -> MXArray:
-    """Quantize to OCP MX with element format ``fmt`` (fp8 e4m3/e5m2, fp6, fp4), blocks of 32."""
+    """Quantize to OCP MX with element format ``fmt`` (fp8 e4m3/e5m2, fp6, fp4), blocks of 32
+    along the last axis: ``mpt.microscaling.quantize_mx`` with the OCP rule and RNE."""
     fmt = _mx_format(fmt)
     x = _as_f32(x)
     if x.ndim == 0:
         raise ValueError("x must have at least one dimension (blocks run along the last axis)")
-    n = x.shape[-1]
-    nblocks = -(-n // _MX_BLOCK)
-    padded = np.zeros(x.shape[:-1] + (nblocks * _MX_BLOCK,), np.float32)
-    padded[..., :n] = x
-    blocks = padded.reshape(x.shape[:-1] + (nblocks, _MX_BLOCK))   # (..., nblocks, 32)
-    amax = np.max(np.abs(blocks), axis=-1)                           # (..., nblocks), NaN stays
-    finite = np.isfinite(blocks).all(axis=-1)
-    with np.errstate(divide="ignore"):
-        exp = np.frexp(amax)[1].astype(np.int64) - 1                 # floor(log2 amax), exact
-    shared = np.clip(np.where(amax > 0, exp - fmt.emax, -127), -127, 127)
-    shared = np.where(finite, shared, 0)
-    scale_bits = np.where(finite, shared + 127, 0xFF).astype(np.uint8)
-    scaled = blocks.astype(np.float64) * np.exp2(-shared)[..., None]  # exact in float64
-    codes = round_format(scaled, fmt, "nearest_even", saturate=True)
-    codes = codes.reshape(padded.shape)[..., :n]
-    return MXArray(np.ascontiguousarray(codes), scale_bits.view(_E8M0.dtype), fmt)
+    q = quantize_mx(x, fmt, axis=-1, block=_MX_BLOCK, scale_rule="ocp")
+    return MXArray(q.codes, q.scales, fmt)

@@ -1,5 +1,6 @@
 """L4: Linear layers whose GEMMs take a Tensor Core path that autocast has no cast for —
-TF32 (PyTorch's ``allow_tf32``) and FP8 with delayed scaling (Transformer Engine's ``te.Linear``).
+TF32 (PyTorch's ``allow_tf32``), FP8 with delayed scaling (Transformer Engine's ``te.Linear``)
+and the block-scaled formats (MXFP8, NVFP4, MXFP4: :class:`BlockScaledLinear`).
 
 Both keep ``nn.Linear``'s parameters (``weight`` (out, in), ``bias`` (out,)) and are swapped into a
 model with :func:`replace_linears` (the parameters are shared, not copied). Both are GEMM plans
@@ -52,7 +53,8 @@ from mpt.engines import get_mma_model
 from mpt.nn import Linear, Module
 from mpt.autograd.tensor import opmath
 
-__all__ = ["Tf32Linear", "Fp8Linear", "replace_linears", "tf32_plan", "fp8_plan"]
+__all__ = ["Tf32Linear", "Fp8Linear", "BlockScaledLinear", "replace_linears", "tf32_plan",
+           "fp8_plan", "mxfp8_plan", "nvfp4_plan", "mxfp4_plan"]
 
 _CASTABLE = ("fp32", "fp16", "bf16")
 _ROLES = ("input", "weight", "grad_output")
@@ -76,6 +78,55 @@ def fp8_plan(scaling: DelayedScaling = DelayedScaling(), model: str = "hopper",
              for split in split_accumulator]
     return GemmPlan(f"fp8 {fwd}/{bwd} ({model})", Quantization(fwd, "delayed"),
                     Quantization(fwd, "delayed"), Quantization(bwd, "delayed"), *specs)
+
+
+def mxfp8_plan(model: str = "blackwell", fp8_format: str = "E4M3") -> GemmPlan:
+    """Transformer Engine's ``MXFP8BlockScaling``: every tensor quantized in 1×32 blocks along
+    the reduction axis of each GEMM that uses it (a tensor used along two axes is quantized
+    twice), E8M0 scales by TE's rule (``"te"``: the exponent rounded up, so a block's maximum
+    never saturates), RNE; E4M3 for the three GEMMs by default (``fp8_format`` "HYBRID": E5M2
+    gradients); the GEMMs on ``model``'s kind::mxf8f6f4, the whole K chained in its FP32
+    accumulator."""
+    fwd, bwd = _FP8_FORMATS[fp8_format]
+    q, g = (Quantization(f, "mx", block=(1, 32), scale_rule="te") for f in (fwd, bwd))
+    spec = GemmSpec(model, variant="mxf8f6f4")
+    return GemmPlan(f"mxfp8 {fwd}/{bwd} ({model})", q, q, g, spec, spec, spec)
+
+
+def nvfp4_plan(model: str = "blackwell", rht: bool = True, stochastic: bool = True,
+               two_d: bool = True) -> GemmPlan:
+    """The NVFP4 training recipe (NVIDIA, arXiv:2509.25149; Transformer Engine's
+    ``NVFP4BlockScaling``): E2M1 elements with UE4M3 scales and a per-tensor scale (TE's rule);
+    activations and gradients in 1×16 blocks, weights in 16×16 tiles (``two_d``; else 1×16);
+    the 16×16 random Hadamard transform on the wgrad GEMM's inputs (``rht``); stochastic
+    rounding of the gradients (``stochastic``: the hardware's 8-bit ``cvt.rs``), RNE elsewhere;
+    the GEMMs on ``model``'s kind::mxf4nvf4 with TE's alpha."""
+    return _fp4_plan("nvfp4", "nvfp4", 16, model, "mxf4nvf4", rht, stochastic, two_d, None)
+
+
+def mxfp4_plan(model: str = "blackwell", rht: bool = True, stochastic: bool = True,
+               two_d: bool = True, scale_rule: str = "ocp") -> GemmPlan:
+    """:func:`nvfp4_plan` with MXFP4 instead (the comparison of arXiv:2509.25149): no per-tensor
+    scale, E8M0 block scales (OCP's rule by default) over 1×32 blocks and 32×32 weight tiles,
+    the GEMMs on ``model``'s kind::mxf4."""
+    return _fp4_plan("mxfp4", "mx", 32, model, "mxf4", rht, stochastic, two_d, scale_rule)
+
+
+def _fp4_plan(name, scaling, size, model, variant, rht, stochastic, two_d, scale_rule):
+    fp4 = "fp4_e2m1fn"
+    act = Quantization(fp4, scaling, block=(1, size), scale_rule=scale_rule, wgrad_rht=rht)
+    weight = Quantization(fp4, scaling, block=(size, size) if two_d else (1, size),
+                          scale_rule=scale_rule)
+    grad = Quantization(fp4, scaling, "stochastic_8bit" if stochastic else "nearest_even",
+                        (1, size), scale_rule, rht)
+    spec = GemmSpec(model, variant=variant)
+    off = [word for word, on in (("rht", rht), ("sr", stochastic), ("2d", two_d)) if not on]
+    label = f"{name}{''.join(' no-' + w for w in off)} ({model})"
+    return GemmPlan(label, act, weight, grad, spec, spec, spec)
+
+
+_FP8_FORMATS = {"E4M3": ("fp8_e4m3fn", "fp8_e4m3fn"), "HYBRID": ("fp8_e4m3fn", "fp8_e5m2"),
+                "E5M2": ("fp8_e5m2", "fp8_e5m2")}
 
 
 def _shares(module: Module, linear: Linear) -> None:
@@ -207,6 +258,90 @@ class Fp8Linear(Module):
         fwd, bwd = (self.scaling.format_for(r).name for r in ("forward", "backward"))
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"fp8 {fwd}/{bwd} ({self.model}, promote_every={self.promote_every})")
+
+
+# ---- block-scaled ----------------------------------------------------------------------------
+class _BlockState:
+    """A role's state for the block-scaled rules: the Philox stream of its stochastic rounding
+    and the statistics of its quantizations (``mpt.functional.gemm_plan``'s protocol)."""
+
+    def __init__(self, layer: "BlockScaledLinear", role: str):
+        self.layer, self.code = layer, _ROLES.index(role)
+
+    def stream(self, axis: int) -> tuple[int, int]:
+        """(seed, stream): one stream per (step, micro-batch, layer, role, axis)."""
+        layer = self.layer
+        step, micro = layer.step
+        return layer.seed, (((step << 8 | micro) << 13 | layer.index) << 3) | (2 * self.code + axis)
+
+    def record(self, values, result) -> None:
+        self.layer._record(_ROLES[self.code], values, result)
+
+
+class BlockScaledLinear(Module):
+    """A Linear layer whose GEMMs run a block-scaled plan (:func:`mxfp8_plan`,
+    :func:`nvfp4_plan`, :func:`mxfp4_plan`) on Blackwell's block-scaled MMA.
+
+    The input is first cast to the activation format (the enclosing autocast dtype, as
+    :class:`Fp8Linear`); the output has that format. ``seed`` and ``index`` (the layer's number,
+    below 2^13) key the stochastic rounding of the gradients: the Philox stream of each
+    quantization is a function of (:attr:`step` = (optimizer step, micro-batch) — the trainer
+    sets it with :meth:`set_step` —, index, role, axis), so a run is reproducible and resumable.
+    :attr:`quantization_counts` per role: ``numel``, ``nonzero`` (finite non-zero inputs),
+    ``saturated`` (of those, values above their block's largest code, clamped), ``sq_err`` and
+    ``sq`` (Σ(decoded − x)² and Σx² over finite x, float64: the relative quantization error is
+    √(sq_err/sq)).
+    """
+
+    def __init__(self, linear: Linear, plan: GemmPlan, *, seed: int = 0, index: int = 0):
+        super().__init__()
+        _shares(self, linear)
+        if not isinstance(plan, GemmPlan):
+            raise TypeError(f"plan must be a GemmPlan; got {type(plan).__name__}")
+        self.plan = plan
+        self.seed = check_int("seed", seed, min=0, max=2**64 - 1)
+        self.index = check_int("index", index, min=0, max=(1 << 13) - 1)
+        self.step = (0, 0)
+        self.states = {role: _BlockState(self, role) for role in _ROLES}
+        self.reset_counts()
+
+    def set_step(self, step: int, micro: int = 0) -> None:
+        """The (step, micro-batch) whose stochastic-rounding streams the next quantizations use."""
+        self.step = (check_int("step", step, min=0, max=(1 << 40) - 1),
+                     check_int("micro", micro, min=0, max=255))
+
+    def forward(self, x):
+        state = autocast_state()
+        act = state.dtype if state.enabled else x.format
+        if x.format != act and x.format.name in _CASTABLE:
+            x = x.to(act)
+        return _Linear.apply(x, self.weight, self.bias, x.format, self.plan, self.states)
+
+    def _record(self, role, values, result):
+        """Add one quantization to :attr:`quantization_counts` (float64 sums, numpy's pairwise
+        summation: statistics, not an emulated rounding)."""
+        x = np.asarray(values, np.float64).ravel()
+        d = result.decode().ravel()
+        top = (np.abs(result.element_values()) == result.element_format.max).ravel()
+        diff = d - x
+        finite = np.isfinite(diff)                 # NaN or Inf in x, or a NaN scale
+        if not finite.all():
+            x, d, diff, top = x[finite], d[finite], diff[finite], top[finite]
+        counts = self.quantization_counts[role]
+        counts["numel"] += values.size
+        counts["nonzero"] += int(np.count_nonzero(x))
+        counts["saturated"] += int(np.count_nonzero(top & (np.abs(x) > np.abs(d))))
+        counts["sq_err"] += float(np.square(diff).sum())
+        counts["sq"] += float(np.square(x).sum())
+
+    def reset_counts(self) -> None:
+        """Zero :attr:`quantization_counts` (class docstring)."""
+        self.quantization_counts = {r: {"numel": 0, "nonzero": 0, "saturated": 0, "sq_err": 0.0,
+                                        "sq": 0.0} for r in _ROLES}
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"{self.plan.name}"
 
 
 def replace_linears(module: Module, factory) -> list[str]:

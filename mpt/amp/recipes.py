@@ -22,6 +22,8 @@ A :class:`Recipe` is data only (``mpt.train.Trainer`` carries it out):
                    ``"ieee_fma"``, CUDA cores). Set it to override the target
 ``loss_scaling``   :class:`LossScaling`: none, static or dynamic (``mpt.amp.GradScaler`` kwargs)
 ``fp8``            :class:`Fp8Config` or None: Transformer Engine FP8 Linear layers
+``block_scaled``   :class:`BlockScaledConfig` or None: MXFP8 / NVFP4 / MXFP4 Linear layers on the
+                   target's block-scaled MMA (``mpt.amp.linear.BlockScaledLinear``)
 ``rounding``       the copy-down (FP32 working copy → ``param_format``): ``"nearest_even"`` or
                    ``"stochastic"``
 =================  ==============================================================================
@@ -33,8 +35,12 @@ layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling)
 and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or
 stochastically); ``fp16-noscale`` (fp16-o2 without loss scaling: what fails); ``fp8-hybrid``
 (Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients, delayed scaling, the target's
-FP8 GEMMs with promotion, the rest under bf16 autocast). :meth:`Recipe.for_target` (or
-``get_recipe(name, target=...)``) runs a recipe on another chip's model.
+FP8 GEMMs with promotion, the rest under bf16 autocast); the block-scaled recipes on ``b200`` by
+default — ``mxfp8`` (Transformer Engine's MXFP8BlockScaling), ``nvfp4`` (arXiv:2509.25149) with
+its ablations ``nvfp4-no-rht``, ``nvfp4-no-sr``, ``nvfp4-no-2d``, and ``mxfp4`` (the same with
+MXFP4) — each with FP32 weights (the masters), gradients and states and the rest under bf16
+autocast. :meth:`Recipe.for_target` (or ``get_recipe(name, target=...)``) runs a recipe on
+another chip's model; a block-scaled recipe refuses a target without block-scaled MMA.
 
 This module imports ``mpt.fp8`` (a sibling at L4) for the one thing it needs from it: the FP8
 configuration *is* a Transformer Engine ``DelayedScaling`` recipe.
@@ -48,9 +54,11 @@ from mpt._checks import check_int
 from mpt.engines import get_mma_model
 from mpt.formats import get_format, rounding_mode
 from mpt.amp.fp8 import DelayedScaling
+from mpt.amp.linear import mxfp4_plan, mxfp8_plan, nvfp4_plan
 from mpt.targets import get_target
 
-__all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]
+__all__ = ["Recipe", "LossScaling", "Fp8Config", "BlockScaledConfig", "RECIPES", "get_recipe",
+           "recipe_names", "runs_on"]
 
 _MODEL_FORMATS = ("fp32", "fp16", "bf16")
 
@@ -125,6 +133,58 @@ class Fp8Config:
 
 
 @dataclass(frozen=True)
+class BlockScaledConfig:
+    """Block-scaled Linear layers (``mpt.amp.linear.BlockScaledLinear``).
+
+    ``kind``: ``"mxfp8"`` (:func:`~mpt.amp.linear.mxfp8_plan`, ``fp8_format`` "E4M3" or
+    "HYBRID"), ``"nvfp4"`` or ``"mxfp4"`` (:func:`~mpt.amp.linear.nvfp4_plan`,
+    :func:`~mpt.amp.linear.mxfp4_plan`: ``rht``, ``stochastic``, ``two_d``); ``model``: the MMA
+    model of the GEMMs (None: the recipe's target's); ``bf16_last``: the last Linear layers of
+    the network (in module order) kept in bf16 — the NVFP4 paper keeps the final ~15 % of its
+    layers in BF16; the study's GPT has four, and its tied LM head runs in bf16 anyway.
+    """
+
+    kind: str
+    model: str | None = None
+    fp8_format: str = "E4M3"
+    rht: bool = True
+    stochastic: bool = True
+    two_d: bool = True
+    bf16_last: int = 0
+
+    def __post_init__(self):
+        if self.kind not in _BLOCK_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(map(repr, _BLOCK_KINDS))}; got "
+                             f"{self.kind!r}")
+        if self.model is not None:
+            get_mma_model(self.model)
+        object.__setattr__(self, "bf16_last", check_int("bf16_last", self.bf16_last, min=0))
+        self.plan("blackwell")                       # checks fp8_format and the flags
+
+    @property
+    def variant(self) -> str:
+        """The block-scaled MMA instruction its GEMMs need."""
+        return self.plan("blackwell").fprop.variant
+
+    def plan(self, model=None):
+        """The layers' GEMM plan on ``model`` (default: :attr:`model`)."""
+        model = model or self.model
+        if self.kind == "mxfp8":
+            if self.fp8_format not in ("E4M3", "HYBRID"):
+                raise ValueError(f"fp8_format must be 'E4M3' or 'HYBRID'; got "
+                                 f"{self.fp8_format!r}")
+            return mxfp8_plan(model, self.fp8_format)
+        make = nvfp4_plan if self.kind == "nvfp4" else mxfp4_plan
+        return make(model, self.rht, self.stochastic, self.two_d)
+
+    def describe(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_BLOCK_KINDS = ("mxfp8", "nvfp4", "mxfp4")
+
+
+@dataclass(frozen=True)
 class Recipe:
     """Every precision choice of a training run (see the module docstring)."""
 
@@ -141,6 +201,7 @@ class Recipe:
     fp8: Fp8Config | None = None
     rounding: str = "nearest_even"
     target: str = "h100"
+    block_scaled: BlockScaledConfig | None = None
 
     def __post_init__(self):
         for role in ("param_format", "compute_format", "output_format", "state_format"):
@@ -157,6 +218,11 @@ class Recipe:
         if self.state_format != "fp32":
             raise ValueError(f"state_format must be 'fp32' (mpt.optim keeps FP32 states); got "
                              f"{self.state_format!r}")
+        if self.block_scaled is not None and not isinstance(self.block_scaled, BlockScaledConfig):
+            raise TypeError("block_scaled must be a BlockScaledConfig or None")
+        if self.block_scaled is not None and self.fp8 is not None:
+            raise ValueError("a recipe has FP8 (delayed scaling) or block-scaled Linear layers, "
+                             "not both")
         self._check_compute()
         self._resolve_target()
         object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
@@ -167,6 +233,7 @@ class Recipe:
             raise TypeError("loss_scaling must be a LossScaling")
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
             raise TypeError("fp8 must be an Fp8Config or None")
+
 
     def _resolve_target(self):
         """Fill the GEMM models and FP8 flavour the target decides (module docstring)."""
@@ -185,12 +252,19 @@ class Recipe:
                                       scaling=dataclasses.replace(self.fp8.scaling,
                                                                   flavour=flavour))
             object.__setattr__(self, "fp8", fp8)
+        if self.block_scaled is not None and self.block_scaled.model is None:
+            object.__setattr__(self, "block_scaled", dataclasses.replace(
+                self.block_scaled, model=_block_scaled_model(self.name, target,
+                                                             self.block_scaled)))
 
     def for_target(self, target) -> "Recipe":
         """This recipe on another target: the GEMM models and FP8 formats that target's
         (an explicit ``matmul_model`` or FP8 model is replaced by the target's too)."""
         fp8 = None if self.fp8 is None else dataclasses.replace(self.fp8, model=None)
-        return self.replace(target=get_target(target).name, matmul_model=None, fp8=fp8)
+        block = None if self.block_scaled is None else \
+            dataclasses.replace(self.block_scaled, model=None)
+        return self.replace(target=get_target(target).name, matmul_model=None, fp8=fp8,
+                            block_scaled=block)
 
     def _check_compute(self):
         c, p = self.compute_format, self.param_format
@@ -223,14 +297,29 @@ class Recipe:
     def describe(self) -> dict:
         """The recipe as JSON-ready data."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("loss_scaling", "fp8")}
+               if f.name not in ("loss_scaling", "fp8", "block_scaled")}
         out["grad_format"] = self.grad_format
         out["loss_scaling"] = dataclasses.asdict(self.loss_scaling)
         out["fp8"] = None if self.fp8 is None else self.fp8.describe()
+        out["block_scaled"] = None if self.block_scaled is None else self.block_scaled.describe()
         return out
 
 
+def _block_scaled_model(name, target, config) -> str:
+    """The target's model for the FP8 family, if it has the block-scaled instruction the
+    recipe's GEMMs need; ValueError otherwise."""
+    element = "fp8_e4m3fn" if config.kind == "mxfp8" else "fp4_e2m1fn"
+    try:
+        model = target.mma_model("fp8_e4m3fn")
+        get_mma_model(model).config(element, element, config.variant)
+    except ValueError:
+        raise ValueError(f"recipe {name!r} needs block-scaled MMA (kind::{config.variant}), which "
+                         f"target {target.name!r} does not have") from None
+    return model
+
+
 _DYNAMIC = LossScaling("dynamic")
+_BLOCK = {"compute_format": "bf16", "autocast": True, "target": "b200"}
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("fp32", "FP32 everything; GEMMs as sequential FP32 FMA (CUDA cores / CPU)"),
@@ -259,7 +348,35 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "gradients, delayed scaling, the target's FP8 GEMMs with promotion every 128), the rest "
            "under bf16 autocast; FP32 weights", compute_format="bf16", autocast=True,
            fp8=Fp8Config()),
+    Recipe("mxfp8", "Transformer Engine MXFP8BlockScaling: Linear layers in E4M3 with E8M0 "
+           "scales per 1x32 block along each GEMM's reduction axis (TE's scale rule), Blackwell "
+           "kind::mxf8f6f4; the rest under bf16 autocast; FP32 weights", **_BLOCK,
+           block_scaled=BlockScaledConfig("mxfp8")),
+    Recipe("nvfp4", "NVFP4 (arXiv:2509.25149): Linear layers in E2M1 with UE4M3 scales per 1x16 "
+           "block (16x16 for weights) and a per-tensor scale, RHT on the wgrad inputs, "
+           "stochastic rounding of gradients, Blackwell kind::mxf4nvf4; the rest under bf16 "
+           "autocast; FP32 weights", **_BLOCK, block_scaled=BlockScaledConfig("nvfp4")),
+    Recipe("nvfp4-no-rht", "nvfp4 without the random Hadamard transform", **_BLOCK,
+           block_scaled=BlockScaledConfig("nvfp4", rht=False)),
+    Recipe("nvfp4-no-sr", "nvfp4 with gradients rounded to nearest", **_BLOCK,
+           block_scaled=BlockScaledConfig("nvfp4", stochastic=False)),
+    Recipe("nvfp4-no-2d", "nvfp4 with 1x16 weight blocks (a different quantization of the "
+           "weight in the forward and the backward GEMMs)", **_BLOCK,
+           block_scaled=BlockScaledConfig("nvfp4", two_d=False)),
+    Recipe("mxfp4", "nvfp4's recipe in MXFP4: E8M0 scales (OCP's rule) per 1x32 block (32x32 "
+           "for weights), no per-tensor scale, Blackwell kind::mxf4", **_BLOCK,
+           block_scaled=BlockScaledConfig("mxfp4")),
 )}
+
+
+def runs_on(recipe, target) -> bool:
+    """Whether ``recipe`` (a name or Recipe) can run on ``target`` (its FP8 or block-scaled
+    GEMMs need the target's instructions)."""
+    try:
+        get_recipe(recipe, target)
+    except ValueError:
+        return False
+    return True
 
 
 def recipe_names() -> list[str]:

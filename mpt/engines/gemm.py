@@ -9,6 +9,15 @@ split-K (partial sums reduced with IEEE FP32 adds, FP64 for f64 instructions), F
 the partial accumulator into an FP32 register every ``promote_every`` products (DeepSeek-V3:
 128), dequantisation scales, and the output cast (the epilogue).
 
+**Two kinds of scales.** The *instruction's block scales* are hardware: E8M0 or UE4M3 codes, one
+per 16 or 32 elements along K, applied inside a block-scaled MMA (Blackwell's kind::mxf8f6f4 /
+mxf4 / mxf4nvf4, AMD CDNA4's ``v_mfma_scale``) before anything is accumulated
+(``mma(..., scale_a=, scale_b=)``; ``gemm(..., block_scale_a=, block_scale_b=)``). ``gemm``'s
+``scale_a``/``scale_b`` are software *dequantisation scales*: float32 numbers per tensor
+(cuBLASLt's scale pointers, NVFP4's per-tensor scale, TE's alpha) or per 1×G / G×G block
+(DeepSeek-V3), multiplied into FP32 results of the MMA by IEEE FMAs. Both can be given to one
+``gemm`` (NVFP4: UE4M3 block scales in the instruction, a float32 per-tensor scale after it).
+
 NaN results are the canonical NaN (0x7FFFFFFF / 0x7FFF) for models whose hardware returns it
 (NVIDIA); the other models keep the NaN their arithmetic gives (AMD: an input's payload, see
 ``mpt.reference.mfma``); a split-K add of two NaNs keeps the first operand's payload (x86's
@@ -96,8 +105,8 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
         shapes = ", ".join(str(s) for s in (a.shape, b.shape) + (() if c is None else (c.shape,)))
         raise ValueError(f"a, b (and c) batch dimensions do not broadcast: {shapes}") from None
     with _mma.threads_for(int(np.prod(batch)) * m * n * a.shape[-1]):
-        ops = operands_class(model.kind)(model, cfg, a, b, (fa, fb), out_name, batch, scales,
-                                         options)
+        ops = operands_class(model.kind_of(cfg))(model, cfg, a, b, (fa, fb), out_name, batch,
+                                                 scales, options)
     c3 = None if c is None else c.reshape((-1, m, n))
     return ops, c3, batch + (m, n)
 
@@ -126,7 +135,7 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
 
     a: (..., M, K), b: (..., K, N) arrays of the input format's dtype — float16, bfloat16,
     float8_e4m3fn / float8_e5m2 (mixable), FNUZ float8_e4m3fnuz / float8_e5m2fnuz (AMD CDNA3),
-    fp6/fp4 (Blackwell, CDNA4), float64 (AMD's f64 instructions), or float32 with
+    fp6/fp4 (Blackwell, CDNA4), float64 (FP64 instructions), or float32 with
     ``in_format="tf32"`` (the low 13 bits are dropped, toward zero: NVIDIA's TF32 and AMD
     CDNA3's xf32) or with an IEEE/exact model or AMD's f32 instructions.
     ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
@@ -137,15 +146,19 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     ``model``: a name or alias from ``mpt.mma_models()``, or an :class:`~mpt.MMAModel` (e.g. one
     with assumed rules chosen by ``configure``); ``variant``: an instruction variant of the model
     (None: its default); ``scale_a``/``scale_b``: the instruction's block scales, for models with
-    block-scaled instructions (AMD CDNA4: E8M0 patterns, (..., M, ceil(K/32)) and
-    (..., ceil(K/32), N)); ``options``: keyword options of the model's kind (its operand class
-    lists them; an unknown one is a TypeError).
+    block-scaled instructions (E8M0 ``float8_e8m0fnu`` or UE4M3 ``float8_e4m3fn`` codes, a's
+    batch dimensions + (M, K/block) and b's + (K/block, N): ``mpt.engines.blockscaled``,
+    ``mpt.engines.amd``; without ``variant``, the model's first block-scaled variant for the
+    inputs); ``options``: keyword options of the model's kind (its operand class lists them; an
+    unknown one is a TypeError).
 
     Precision contract: K is consumed in blocks of the model's L — one instruction's K — in
     increasing k; each block is the model's fused dot-product-add (NVIDIA: truncated to F bits
     below the block's largest exponent and rounded to the output — RZ-FP32, RZ-E8M13 for
     Ada/Hopper FP8, RNE-FP16; AMD: ``mpt.engines.amd``) and its result is the next block's c.
-    ``ieee_fma`` and ``ieee_mul_add`` round at every k (RNE), ``exact`` once. Returns float32,
+    ``ieee_fma`` and ``ieee_mul_add`` round at every k (RNE), ``exact`` once; block-scaled
+    instructions apply their scales inside each block; FP64 instructions are one float64 FMA per
+    k. Returns float32,
     float16 or float64 D; NaNs are the canonical NaN where the hardware writes one (NVIDIA),
     else the model's own (AMD: the payload of an input NaN). Raises ValueError for input/output
     formats the model does not support. Oracles: ``mpt.reference.mma.mma_reference``,
@@ -192,12 +205,15 @@ class Scale:
 
 @_ieee_values
 def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, scale_b=None,
-         out_format=None, in_format=None, accumulate=None, variant=None, **options):
+         out_format=None, in_format=None, accumulate=None, variant=None, block_scale_a=None,
+         block_scale_b=None, **options):
     """A GEMM as a GPU library runs it on one MMA model: the software around the Tensor Core.
 
     a (..., M, K), b (..., K, N), c (..., M, N), ``in_format``, ``model``, ``variant`` and the
-    model's keyword ``options`` as in :func:`mma`; batch dimensions broadcast. Per output
-    element, in this order:
+    model's keyword ``options`` as in :func:`mma`; batch dimensions broadcast.
+    ``block_scale_a``/``block_scale_b``: the instruction's block scales (E8M0 / UE4M3 codes,
+    :func:`mma`'s ``scale_a``/``scale_b``), for a block-scaled variant; every MMA of the chain
+    uses those of its k. Per output element, in this order:
 
     1. **split-K**: K is cut into ``split_k`` chunks of ceil(K/split_k) products rounded up to
        a multiple of the block L — the instruction's K on AMD — (of ``promote_every`` when
@@ -208,13 +224,11 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
        MMA partial (started at +0) is added into an FP32 register with an IEEE ``fma(s, partial,
        register)`` — s = 1, or the block scale. DeepSeek-V3 uses G = 128 for Hopper FP8 (whose
        e8m13 partial otherwise keeps ~14 bits); None chains the whole chunk ("fast accumulation").
-    3. **scales**: float32 ``scale_a``/``scale_b`` are dequantisation scales of the software:
-       per tensor (scalars): D = fma(alpha, D, c) with alpha = RN32(scale_a·scale_b), at the
-       end; per block (DeepSeek-V3: ``scale_a`` (M, K/G) for 1×G tiles of A, ``scale_b`` (K/G,
-       N/G) for G×G tiles of B): s = RN32(sa[i,g]·sb[g,j//G]) multiplies each promoted partial
-       (a per-tensor partner is folded into s). E8M0 ``scale_a``/``scale_b`` (uint8 patterns or
-       ``ml_dtypes.float8_e8m0fnu``) are the instruction's block scales instead, as in
-       :func:`mma` (AMD CDNA4's ``v_mfma_scale`` instructions: one per 32 k).
+    3. **scales** (software, float32; module docstring): per tensor (``scale_a``/``scale_b``
+       scalars): D = fma(alpha, D, c) with alpha = RN32(scale_a·scale_b), at the end; per block
+       (DeepSeek-V3: ``scale_a`` (M, K/G) for 1×G tiles of A, ``scale_b`` (K/G, N/G) for G×G
+       tiles of B): s = RN32(sa[i,g]·sb[g,j//G]) multiplies each promoted partial (a per-tensor
+       partner is folded into s).
     4. **c**: the MMA's C of the first chunk (no promotion), or the initial FP32 register (with
        promotion); with per-tensor scales it is added by the final fma instead (cuBLASLt's beta·C).
     5. **epilogue**: ``out_format`` "fp32" returns the FP32 accumulator; "fp16"/"bf16" round it
@@ -232,8 +246,13 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
         raise ValueError(f"accumulate must be None, 'fp32', 'fp16' or 'fp64'; got {accumulate!r}")
     split_k = check_int("split_k", split_k, min=1)
     promote_every = check_int("promote_every", promote_every, min=1, optional=True)
-    block_scales = _block_scales(scale_a, scale_b)
-    scaled = block_scales is None and (scale_a is not None or scale_b is not None)
+    for arg, s in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if getattr(s, "dtype", None) in _BLOCK_SCALE_DTYPES:
+            raise TypeError(f"{arg} is a float32 dequantisation scale; the instruction's "
+                            f"{s.dtype} block scales go in block_{arg}")
+    block_scales = None if block_scale_a is None and block_scale_b is None else \
+        (block_scale_a, block_scale_b)
+    scaled = scale_a is not None or scale_b is not None
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
@@ -248,10 +267,9 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if k == 0:
         promote_every = None  # no products: nothing to promote, D = c (or +0)
     kg = tiles(k, promote_every) if promote_every else 0
-    sa = None if not scaled or scale_a is None else Scale.parse(scale_a, "scale_a", m, kg,
-                                                                promote_every)
-    sb = None if not scaled or scale_b is None else Scale.parse(
-        scale_b, "scale_b", kg, tiles(n, promote_every or 1), promote_every)
+    sa = None if scale_a is None else Scale.parse(scale_a, "scale_a", m, kg, promote_every)
+    sb = None if scale_b is None else Scale.parse(scale_b, "scale_b", kg,
+                                                  tiles(n, promote_every or 1), promote_every)
     c_at_end = scaled and not any(s is not None and s.per_block for s in (sa, sb))
     step = max(unit, tiles(tiles(k, split_k), unit) * unit)
     with _mma.threads_for(ops.work):
@@ -272,21 +290,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     return d.reshape(shape)
 
 
-def _block_scales(scale_a, scale_b):
-    """(scale_a, scale_b) when they are the instruction's E8M0 block scales, else None (float32
-    software scales, or none). TypeError when one is E8M0 and the other is not."""
-    e8m0 = [s is not None and _is_e8m0(s) for s in (scale_a, scale_b)]
-    if not any(e8m0):
-        return None
-    if not all(e8m0):
-        raise TypeError("scale_a and scale_b must both be E8M0 block scales (uint8 patterns or "
-                        "float8_e8m0fnu) for a block-scaled instruction, or neither")
-    return scale_a, scale_b
-
-
-def _is_e8m0(s) -> bool:
-    dtype = getattr(s, "dtype", None)
-    return dtype is not None and (dtype == np.uint8 or dtype == get_format("e8m0").dtype)
+#: dtypes of the instruction's block-scale codes (E8M0; UE4M3 stored as float8_e4m3fn)
+_BLOCK_SCALE_DTYPES = (get_format("e8m0").dtype, get_format("fp8_e4m3fn").dtype)
 
 
 def _gemm_output(acc_name, out_format, promote_every, scaled) -> str:

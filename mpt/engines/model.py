@@ -61,7 +61,10 @@ class MMAConfig:
     instruction variant when a model offers several for the same inputs (``"default"`` is chosen
     unless a call names another; without a ``"default"``, the first listed); ``params``: further
     (name, value) parameters of the rule (``scale_block``: the instruction takes one block scale
-    per that many k, ``scale_a``/``scale_b`` of ``mpt.mma``).
+    per that many k, ``scale_a``/``scale_b`` of ``mpt.mma``; ``scales``: the (scale format,
+    block) pairs a block-scaled Tensor Core instruction takes); ``kind``: the arithmetic kind of
+    this configuration when it is not the model's (a block-scaled or FP64 instruction of a Tensor
+    Core model; None: the model's).
     """
 
     inputs: tuple[str, ...]
@@ -72,6 +75,7 @@ class MMAConfig:
     evidence: str = "reference model"
     variant: str = "default"
     params: tuple[tuple[str, object], ...] = ()
+    kind: str | None = None
 
     def __post_init__(self):
         """The structure every kind relies on (each kind's operand class checks its own
@@ -108,7 +112,8 @@ class MMAConfig:
 
     def describe(self) -> dict:
         return {"inputs": list(self.inputs), "instruction": self.instruction,
-                "variant": self.variant, "block": self.block,
+                "variant": self.variant, **({"kind": self.kind} if self.kind else {}),
+                "block": self.block,
                 "fraction_bits": self.fraction_bits, "evidence": self.evidence,
                 "outputs": [{"format": o, "rounding": r, "e_zero": e} for o, r, e in self.outputs],
                 **({"params": dict(self.params)} if self.params else {})}
@@ -127,7 +132,8 @@ class MMAConfig:
         return cls(tuple(_get(d, "inputs", "list", where)), _get(d, "instruction", "str", where),
                    _get(d, "block", "int|null", where), _get(d, "fraction_bits", "int|null", where),
                    outputs, _get(d, "evidence", "str", where), _get(d, "variant", "str", where),
-                   tuple((k, _tuples(v)) for k, v in params.items()))
+                   tuple((k, _tuples(v)) for k, v in params.items()),
+                   kind=d["kind"] if d.get("kind") is not None else None)
 
 
 @dataclass(frozen=True)
@@ -148,13 +154,13 @@ class MMAModel:
         kind's operand class accepts (``Operands.check_config``)."""
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name must be a non-empty str; got {self.name!r}")
-        kind = operands_class(self.kind)
+        operands_class(self.kind)
         if not isinstance(self.configs, tuple) or not self.configs or \
                 not all(isinstance(c, MMAConfig) for c in self.configs):
             raise TypeError(f"configs must be a non-empty tuple of MMAConfig; got "
                             f"{self.configs!r}")
         for cfg in self.configs:
-            kind.check_config(cfg)
+            operands_class(self.kind_of(cfg)).check_config(cfg)
         if not isinstance(self.aliases, tuple) or not all(isinstance(a, str) for a in self.aliases):
             raise TypeError(f"aliases must be a tuple of str; got {self.aliases!r}")
 
@@ -171,6 +177,15 @@ class MMAModel:
     @property
     def variants(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(cfg.variant for cfg in self.configs))
+
+    def kind_of(self, cfg: MMAConfig) -> str:
+        """The arithmetic kind that runs ``cfg``: its own, else the model's."""
+        return cfg.kind or self.kind
+
+    def scaled(self, cfg: MMAConfig) -> bool:
+        """Whether ``cfg`` is a block-scaled instruction: it declares its block scales
+        (a ``scale_block`` or ``scales`` parameter)."""
+        return bool(cfg.param("scale_block") or cfg.param("scales"))
 
     def choice(self, name: str) -> str:
         """The choice in effect for the assumption ``name`` (its default unless configured)."""
@@ -198,18 +213,25 @@ class MMAModel:
         """The configuration for these input formats and instruction variant; ValueError naming
         the supported ones. ``variant`` None: the ``"default"`` one, else the first (the table
         lists a model's variants in the order its compiler prefers them) among those that take
-        block scales when ``scaled`` (a ``scale_block`` parameter) and those that do not
-        otherwise (an instruction that only exists with scales runs with unit scales)."""
+        block scales when ``scaled`` (:meth:`scaled`) and those that do not otherwise (an
+        instruction that only exists with scales runs with unit scales); block-scaled variants
+        that read different scales (Blackwell's mxf8f6f4 / mxf4 / mxf4nvf4) must be named."""
         found = [cfg for cfg in self.configs if a_format in cfg.inputs and b_format in cfg.inputs]
         if not found:
             groups = "; ".join(dict.fromkeys("/".join(cfg.inputs) for cfg in self.configs))
             raise ValueError(f"model {self.name!r} does not take inputs ({a_format}, {b_format}); "
                              f"it takes (mixable within a group): {groups}")
         if variant is None:
-            pool = [c for c in found if bool(c.param("scale_block")) == scaled]
+            pool = [c for c in found if self.scaled(c) == scaled]
             if not pool and scaled:
                 raise ValueError(f"model {self.name!r} takes no block scales (scale_a/scale_b) "
                                  f"for ({a_format}, {b_format}) inputs")
+            kinds = dict.fromkeys(c.param("scales") or c.param("scale_block") for c in pool)
+            if scaled and len(kinds) > 1:   # instructions that read different scales: name one
+                names = tuple(dict.fromkeys(c.variant for c in pool))
+                raise ValueError(f"model {self.name!r} has {len(names)} block-scaled variants "
+                                 f"for ({a_format}, {b_format}) inputs: name one with variant= "
+                                 f"({', '.join(map(repr, names))})")
             pool = pool or found
             want = "default" if any(c.variant == "default" for c in pool) else pool[0].variant
         else:
@@ -217,7 +239,7 @@ class MMAModel:
         for cfg in found:
             if cfg.variant == want:
                 return cfg
-        valid = ", ".join(repr(c.variant) for c in found)
+        valid = ", ".join(dict.fromkeys(repr(c.variant) for c in found))
         raise ValueError(f"variant must be one of {valid} for model {self.name!r} with "
                          f"({a_format}, {b_format}) inputs; got {variant!r}")
 

@@ -24,6 +24,23 @@ low 13 bits, as the hardware does) and ``"delayed"`` (Transformer Engine's per-t
 scaling: the layer hands a state object with a ``quantize(values)`` method, ``mpt.fp8``, whose
 result carries ``data``, ``format`` and ``scale_inv``). A tensor used by two GEMMs along two axes
 is quantized once per axis (once in all for per-tensor rules).
+
+**Block-scaled rules** (per axis): ``"mx"`` (``mpt.microscaling.quantize_mx``: ``format`` the
+element format, E8M0 scales per ``block`` along the GEMM's reduction axis, ``scale_rule`` "ocp",
+"te" or "trainium") and ``"nvfp4"`` (``quantize_nvfp4``: E2M1 elements, UE4M3 scales, the
+per-tensor amax; ``scale_rule`` "te", "te_v2.8" or "te_v2.8_rowwise"). A 1×16 / 1×32 block runs
+along the reduction axis; a 16×16 / 32×32 block (weights) tiles the matrix the same way whichever
+axis reduces, so the forward and backward GEMMs see one quantized weight. ``wgrad_rht``: the
+16×16 random Hadamard transform (``mpt.microscaling.hadamard_transform``, bf16 tensors) is
+applied along the wgrad reduction axis (axis 0 of the input and the output gradient) before
+quantizing. The operand carries its codes, the instruction's block scales (one code per block
+along the reduction axis: the ``scale_a``/``scale_b`` of ``mpt.mma``, 2-D scales repeated
+across the other axis) and, for NVFP4, its amax: the GEMM's per-tensor factor is Transformer
+Engine's alpha = fl(fl(amax_A·amax_B)·fl32(1/2688²)) (``mpt.microscaling.nvfp4_gemm_alpha``),
+applied by ``mpt.gemm`` to the FP32 result. Stochastic rounding (``"stochastic"``, or
+``"stochastic_8bit"``: the hardware's ``cvt.rs`` for FP4, 8 random bits per element) takes its
+Philox stream from the layer's state for the role: ``state.stream(axis)`` returns ``(seed,
+stream)``; a state with ``record(values, result)`` is shown each quantization (statistics).
 """
 from __future__ import annotations
 
@@ -32,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mpt import microscaling as _ms
 from mpt.formats import Format, get_format, rounding_mode
 from mpt.rounding import round as round_format
 
@@ -47,14 +65,18 @@ class Quantization:
     """How one tensor role is prepared for its GEMMs.
 
     ``format``: the format handed to the MMA (None: the tensor's own); ``scaling``: a registered
-    scaling rule; ``rounding``: ``"nearest_even"`` or ``"stochastic"`` where the rule rounds;
-    ``block``: the block shape of a block-scaled rule (None: per tensor).
+    scaling rule; ``rounding``: ``"nearest_even"`` or ``"stochastic"`` where the rule rounds
+    (block rules also ``"stochastic_8bit"``); ``block``: the block shape of a block-scaled rule
+    (None: per tensor); ``scale_rule``: a block rule's scale rule (None: its default);
+    ``wgrad_rht``: the random Hadamard transform before the wgrad quantization (block rules).
     """
 
     format: str | None = None
     scaling: str = "none"
     rounding: str = "nearest_even"
     block: tuple[int, int] | None = None
+    scale_rule: str | None = None
+    wgrad_rht: bool = False
 
     def __post_init__(self):
         if self.format is not None:
@@ -62,7 +84,14 @@ class Quantization:
         if self.scaling not in _SCALINGS:
             raise ValueError(f"scaling must be one of {', '.join(map(repr, _SCALINGS))}; got "
                              f"{self.scaling!r}")
-        object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
+        block_rule = self.scaling in _BLOCK_RULES
+        if not (block_rule and self.rounding == "stochastic_8bit"):
+            object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
+        if block_rule:
+            object.__setattr__(self, "block", _BLOCK_RULES[self.scaling](self))
+        elif self.scale_rule is not None or self.wgrad_rht:
+            raise ValueError(f"scale_rule and wgrad_rht belong to the block-scaled rules "
+                             f"({', '.join(_BLOCK_RULES)}); got scaling {self.scaling!r}")
 
 
 @dataclass(frozen=True)
@@ -120,15 +149,20 @@ class GemmPlan:
 @dataclass(frozen=True)
 class Operand:
     """One GEMM operand as ``mpt.gemm`` takes it: ``data`` in ``format``'s storage dtype (fp32
-    for tf32), and the per-tensor dequantisation ``scale_inv`` (None: unscaled)."""
+    for tf32), the per-tensor dequantisation ``scale_inv`` (None: unscaled), the instruction's
+    ``block_scales`` (E8M0 / UE4M3 codes along the reduction axis, laid out as ``data``; None:
+    none) and an NVFP4 operand's tensor ``amax`` (the GEMM's alpha comes from both amaxes)."""
 
     data: np.ndarray
     format: Format
     scale_inv: np.float32 | None = None
+    block_scales: np.ndarray | None = None
+    amax: np.float32 | None = None
 
     @property
     def T(self) -> "Operand":
-        return Operand(self.data.T, self.format, self.scale_inv)
+        scales = None if self.block_scales is None else self.block_scales.T
+        return Operand(self.data.T, self.format, self.scale_inv, scales, self.amax)
 
 
 # ---- scaling rules --------------------------------------------------------------------------
@@ -166,8 +200,80 @@ def _delayed(stored, values, q, state, axis):
     return Operand(result.data, result.format, result.scale_inv)
 
 
+def _random(q, state, axis):
+    """The stochastic-rounding keywords of a block rule: {} for RNE, else the layer's stream."""
+    if q.rounding == "nearest_even":
+        return {}
+    if state is None or not callable(getattr(state, "stream", None)):
+        raise TypeError(f"{q.rounding} rounding needs the layer's per-role state (an object with "
+                        f"stream(axis) -> (seed, stream)); got none")
+    seed, stream = state.stream(axis)
+    return {"mode": q.rounding, "seed": seed, "stream": stream}
+
+
+def _mma_scales(result, axis):
+    """The instruction's block scales of a quantized matrix along reduction ``axis``: 1-D
+    blocks' scales as they are; a 2-D block's repeated across the other axis."""
+    if result.block[0] == 1:
+        return result.scales
+    rows, cols = result.shape
+    size = result.block[0]
+    if axis == 1:
+        return np.repeat(result.scales, size, axis=0)[:rows]             # (R, C/b)
+    return np.repeat(result.scales, size, axis=1)[:, :cols]              # (R/b, C)
+
+
+def _block_scaled(stored, values, q, state, axis):
+    """MX or NVFP4 along ``axis`` (module docstring)."""
+    x = values
+    if x.shape[axis] % q.block[1]:
+        raise ValueError(f"a block-scaled GEMM needs its reduction length to be a multiple of "
+                         f"the block: {x.shape[axis]} is not a multiple of {q.block[1]}")
+    if q.wgrad_rht and axis == 0:
+        if get_format(stored.dtype).name != "bf16":
+            raise TypeError(f"the random Hadamard transform runs on bf16 tensors (Transformer "
+                            f"Engine's); got {get_format(stored.dtype).name}")
+        x = np.asarray(_ms.hadamard_transform(stored, axis=0), np.float32)
+    kw = dict(axis=axis, block=q.block, **_random(q, state, axis))
+    if q.scale_rule is not None:
+        kw["scale_rule"] = q.scale_rule
+    if q.scaling == "mx":
+        result = _ms.quantize_mx(x, q.format, **kw)
+    else:
+        result = _ms.quantize_nvfp4(x, **kw)
+    if callable(getattr(state, "record", None)):
+        state.record(x, result)
+    return Operand(result.codes, result.element_format, None, _mma_scales(result, axis),
+                   result.amax)
+
+
+def _mx_block(q):
+    if q.format not in _ms.MX_ELEMENT_FORMATS or q.format == "int8":
+        raise ValueError(f"mx scaling needs an MX float element format "
+                         f"({', '.join(_ms.MX_ELEMENT_FORMATS[:-1])}); got {q.format!r}")
+    return _block_shape(q, (32, 32))
+
+
+def _nvfp4_block(q):
+    if q.format != "fp4_e2m1fn":
+        raise ValueError(f"nvfp4 scaling needs format 'fp4_e2m1fn'; got {q.format!r}")
+    return _block_shape(q, (16, 16))
+
+
+def _block_shape(q, default):
+    """The block as a (rows, cols) tuple (default: 1×cols)."""
+    block = (1, default[1]) if q.block is None else tuple(q.block)
+    if block not in _ms.BLOCKS:
+        raise ValueError(f"block must be one of {_ms.BLOCKS}; got {q.block!r}")
+    return block
+
+
 register_scaling("none", _none)
 register_scaling("delayed", _delayed, stateful=True)
+register_scaling("mx", _block_scaled, per_axis=True)
+register_scaling("nvfp4", _block_scaled, per_axis=True)
+#: block-scaled rules -> their block check
+_BLOCK_RULES = {"mx": _mx_block, "nvfp4": _nvfp4_block}
 
 
 def per_axis(q: Quantization) -> bool:

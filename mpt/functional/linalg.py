@@ -16,10 +16,11 @@ Precision contract:
   increasing k.
 * ``linear`` runs a :class:`~mpt.functional.gemm_plan.GemmPlan` (default: the operands as stored,
   the active model): each role's operands are quantized as the plan says, once per tensor (once
-  per axis for block rules), the GEMMs take the plan's models and software settings and the
-  operands' dequantisation scales. The bias is added to the FP32 GEMM result in FP32 and the sum
-  is rounded once to the output format, the input's (cuBLASLt's bias epilogue), not fed to the
-  GEMM as its C operand. The bias gradient is the sequential FP32 column sum of the (unquantized)
+  per axis for block rules), the GEMMs take the plan's models and software settings, the
+  operands' dequantisation scales and the instruction's block scales (block rules; for NVFP4
+  the per-tensor factor is Transformer Engine's alpha from both operands' amaxes). The bias is
+  added to the FP32 GEMM result in FP32 and the sum is rounded once to the output format, the
+  input's (cuBLASLt's bias epilogue), not fed to the GEMM as its C operand. The bias gradient is the sequential FP32 column sum of the (unquantized)
   output gradient.
 * Batch dimensions: an N-D ``input`` times a 2-D ``weight`` is one 2-D GEMM over the flattened
   rows (as PyTorch folds it; the wgrad is then one GEMM with K = all rows); otherwise batch
@@ -35,6 +36,7 @@ from mpt.autograd.function import Function
 from mpt.functional._common import as_rows, check_tensor, common_format, sum_axes, unbroadcast
 from mpt.functional.gemm_plan import GemmPlan, Operand, per_axis, quantize_operand
 from mpt.kernels.ops import matmul_f64
+from mpt.microscaling import nvfp4_gemm_alpha
 from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["matmul", "linear", "gemm_model"]
@@ -67,8 +69,12 @@ def _run(a: Operand, b: Operand, model, settings=None) -> np.ndarray:
         return matmul_f64(a3, b3).reshape(batch + (m, n))
     if a.format.name == "fp32" and b.format.name == "fp32":
         model = gemm_model(a.format, model)
+    scale_a, scale_b = a.scale_inv, b.scale_inv
+    if a.amax is not None and b.amax is not None:   # NVFP4: TE's alpha from both amaxes
+        scale_a, scale_b = nvfp4_gemm_alpha(a.amax, b.amax), None
     return _mma_gemm(a.data, b.data, model=model, in_format=(a.format.name, b.format.name),
-                     scale_a=a.scale_inv, scale_b=b.scale_inv, **(settings or {}))
+                     scale_a=scale_a, scale_b=scale_b, block_scale_a=a.block_scales,
+                     block_scale_b=b.block_scales, **(settings or {}))
 
 
 def _t(x: np.ndarray) -> np.ndarray:

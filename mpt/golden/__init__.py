@@ -50,7 +50,7 @@ holds no suite; it replaces an existing suite only with ``force=True``, only whe
 holds nothing but the suite's files, and then deletes only the files the old manifest lists.
 
 Case *kinds* map inputs and parameters to outputs (``KINDS``: ``round`` here, mma, gemm,
-fake_quant, optim, grad_scaler, attention and train_steps in :mod:`mpt.golden.cases`); ``run_mpt``
+fake_quant, optim, grad_scaler, attention and train_steps in :mod:`mpt.golden.kinds`); ``run_mpt``
 recomputes every case with mpt itself, so ``generate → run_mpt → verify`` must be bit-exact
 everywhere. Integer and boolean outputs (masks, counters) must be equal. The committed default
 suite (``reference_results/default``) is mpt's numerics regression test: ``generate`` must

@@ -4,9 +4,14 @@ Each kind is ``compute(inputs, params) -> outputs`` with mpt's public operations
 is bit-exact (mpt is deterministic: its results do not depend on the thread count). Kinds:
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
-  dtype (float32, float16, or float64 for AMD's f64 instructions); outputs ``d``.
-- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales (float32 software scales, or
-  E8M0 instruction scales as uint8 patterns); outputs ``d``.
+  dtype (float32, float16, or float64 for FP64 instructions); an instruction ``variant``, the block-scaled ones with the
+  instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and ``choices`` of the model's
+  assumed rules (``MMAModel.configure``); outputs ``d``.
+- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion, float32 software scales and the
+  instruction's block scales (E8M0/UE4M3 codes); outputs ``d``.
+- ``microscaling``: :func:`mpt.microscaling.quantize_mx` / ``quantize_nvfp4`` (every element
+  format, scale rule, block shape and rounding mode) and ``hadamard_transform``; outputs the
+  element ``codes``, block ``scales``, NVFP4's ``tensor_scale`` and ``amax``, or ``y``.
 - ``fake_quant``: PyTorch's ``fake_quantize_per_{tensor,channel}_affine`` (mpt.kernels.quant);
   outputs ``y`` and the straight-through ``mask``.
 - ``optim``: a few SGD/AdamW steps from stored params and per-step grads under one fma profile;
@@ -18,122 +23,27 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
 - ``train_steps``: a few :class:`mpt.train.Trainer` steps of a tiny GPT under one recipe, from
   stored weights and batches; outputs the losses and every parameter after the last step.
 
-``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite: per
-MMA model, input format and output an edge, a random and a test-vector case (K = 32; K = 40 for
-AMD's models, so that their instructions chain and pad), a few K = 4096 cases, GEMM cases, and
-the other kinds. The AMD cases come last, from the same generator, so that adding them left the
-earlier cases' inputs unchanged.
+``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from mpt.amp.scaler import GradScaler
+from mpt import microscaling as _ms
+from mpt.amp.recipes import get_recipe, recipe_names
+from mpt.engines import mma_models
 from mpt.formats import get_format
-from mpt.functional import scaled_dot_product_attention
-from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
-from mpt.engines import gemm, mma, mma_models
-from mpt.nn import GPT, Parameter
-from mpt.optim import SGD, AdamW
+from mpt.golden.kinds import COMPUTE
+from mpt.nn import GPT
 from mpt.rounding import round as round_format
-from mpt.amp.recipes import recipe_names
-from mpt.autograd.tensor import Tensor, tensor
-from mpt.train.trainer import TrainConfig, Trainer
-
 
 __all__ = ["COMPUTE", "default_cases"]
 
 
-# ---- kinds -------------------------------------------------------------------------------------
-def _compute_mma(inputs, params):
-    return {"d": mma(inputs["a"], inputs["b"], inputs["c"], model=params["model"],
-                     in_format=params["in_format"], out_format=params["out_format"])}
-
-
-def _compute_gemm(inputs, params):
-    return {"d": gemm(inputs["a"], inputs["b"], inputs.get("c"), model=params["model"],
-                      in_format=params["in_format"], split_k=params["split_k"],
-                      promote_every=params["promote_every"], scale_a=inputs.get("scale_a"),
-                      scale_b=inputs.get("scale_b"), out_format=params["out_format"])}
-
-
-def _compute_fake_quant(inputs, params):
-    qmin, qmax = params["quant_min"], params["quant_max"]
-    if params["axis"] is None:
-        y, mask, _ = fake_quant_per_tensor(inputs["x"], inputs["scale"], int(inputs["zero_point"]),
-                                           qmin, qmax)
-    else:
-        y, mask, _ = fake_quant_per_channel(inputs["x"], inputs["scale"], inputs["zero_point"],
-                                            params["axis"], qmin, qmax)
-    return {"y": y, "mask": mask}
-
-
-_OPTIMIZERS = {"sgd": SGD, "adamw": AdamW}
-
-
-def _compute_optim(inputs, params):
-    p = Parameter(inputs["p0"].copy())
-    opt = _OPTIMIZERS[params["optimizer"]]([p], fma=params["fma"], **params["hyper"])
-    after = []
-    for g in inputs["grads"]:                                    # grads: (steps, n)
-        p.grad = Tensor(g.copy())
-        opt.step()
-        after.append(p.data.copy())
-    state = opt.state[p] if p in opt.state else next(iter(opt.state.values()))
-    out = {"p": np.stack(after)}                                 # (steps, n)
-    for key in ("exp_avg", "exp_avg_sq", "momentum_buffer"):
-        if key in state:
-            out[key] = np.asarray(state[key], np.float32).copy()
-    return out
-
-
-def _compute_grad_scaler(inputs, params):
-    scaler = GradScaler(**params)
-    p = Parameter(np.zeros(1, np.float32))
-    opt = SGD([p], lr=0.0)
-    scales, trackers = [], []
-    for found in inputs["found_inf"]:
-        scaler.scale(tensor(np.float32(1.0)))
-        p.grad = Tensor(np.array([np.inf if found else 1.0], np.float32))
-        scaler.step(opt)
-        scaler.update()
-        scales.append(scaler.get_scale())
-        trackers.append(scaler.get_growth_tracker())
-    return {"scale": np.array(scales, np.float32), "growth_tracker": np.array(trackers, np.int32)}
-
-
-def _compute_attention(inputs, params):
-    fmt = params["format"]
-    q, k, v = (tensor(inputs[n], fmt, requires_grad=True) for n in ("q", "k", "v"))
-    out = scaled_dot_product_attention(q, k, v, is_causal=params["is_causal"],
-                                       backend=params["backend"])
-    out.backward(tensor(inputs["grad_out"], fmt))
-    return {"out": out.data, "dq": q.grad.data, "dk": k.grad.data, "dv": v.grad.data}
-
-
-def _compute_train_steps(inputs, params):
-    model = GPT(*params["gpt"], seed=0)                  # shape only: the weights are loaded
-    model.load_state_dict({k[len("init."):]: v for k, v in inputs.items() if k.startswith("init.")})
-    trainer = Trainer(model, params["recipe"], TrainConfig(lr=params["lr"]))
-    losses = [trainer.train_step([(idx, tgt)]).loss
-              for idx, tgt in zip(inputs["idx"], inputs["targets"])]          # (steps, B, T)
-    return {"loss": np.array(losses, np.float32),
-            **{f"param.{k}": v for k, v in trainer.network.state_dict().items()}}
-
-
-#: kind name -> compute function (registered by mpt.golden)
-COMPUTE = {"mma": _compute_mma, "gemm": _compute_gemm, "fake_quant": _compute_fake_quant,
-           "optim": _compute_optim, "grad_scaler": _compute_grad_scaler,
-           "attention": _compute_attention, "train_steps": _compute_train_steps}
-
-
 # ---- inputs --------------------------------------------------------------------------------------
 def _in_format(fmt: str, x) -> np.ndarray:
-    """float64 values rounded (RNE, saturating where the format allows) into ``fmt``'s storage
-    (fp64: the values themselves)."""
+    """float64 values rounded (RNE, saturating where the format allows) into ``fmt``'s storage."""
     f = get_format(fmt)
-    if f.name == "fp64":
-        return np.asarray(x, np.float64)
     saturate = not f.has_inf
     with np.errstate(over="ignore"):
         return round_format(np.asarray(x, np.float64).astype(np.float32), fmt, saturate=saturate)
@@ -171,6 +81,17 @@ def _c(rng, out_format, shape, edge):
     return x.astype(get_format(fmt).dtype)
 
 
+def _fp64(rng, shape, edge):
+    """float64 normal values spread over 2^[-60, 60]; edge: also ±0, subnormals, ±max, ±Inf and
+    NaN in the first row."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-60, 61, shape))
+    if edge:
+        specials = np.array([0.0, -0.0, 5e-324, -2.0**-1022, 1.7976931348623157e308, 1.0])
+        x = np.where(rng.random(shape) < 0.25, rng.choice(specials, shape), x)
+        x[0, :3] = [np.inf, -np.inf, np.nan]
+    return x
+
+
 _FLT_MAX = float.fromhex("0x1.fffffep127")
 
 # The test vectors of docs/tensor_cores.md §3: (a, b, c) with K <= 16, unlisted elements 0.
@@ -204,11 +125,11 @@ def _spec_vectors(fmt: str):
     return a, b, np.array([r[2] for r in rows], np.float64)[:, None, None]  # (B, 1, 1)
 
 
-def _model_cases(rng, model, k=32):
-    """An edge, a random and a test-vector case (m = n = 4) per input format and output of
-    ``model`` (its default variant)."""
+def _model_cases(rng, model, k=32, skip=()):
+    """An edge, a random and a test-vector case (m = n = 4) per input format (but ``skip``) and
+    output of ``model`` (its default variant)."""
     cases = []
-    fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
+    fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs if f not in skip)
     for fmt in fmts:
         outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
         for out in outs:
@@ -243,10 +164,93 @@ def _k4096_cases(rng, pairs):
 
 
 def _mma_cases(rng):
+    """Every model but AMD's (``_mfma_cases``) per format and output, the instruction variants,
+    the block-scaled instructions, FP64 and K = 4096 chains."""
     cases = [c for model in mma_models().values() if model.kind != "mfma"
-             for c in _model_cases(rng, model)]
+             for c in _model_cases(rng, model, skip=("fp64",))]
+    cases += _variant_cases(rng) + _block_scaled_cases(rng)
+    for model in ("ampere", "hopper"):
+        for edge in (True, False):
+            cases.append((f"mma-{model}-fp64-fp64-{'edge' if edge else 'random'}", "mma",
+                          {"model": model, "in_format": "fp64", "out_format": "fp64"},
+                          {"a": _fp64(rng, (4, 32), edge), "b": _fp64(rng, (4, 32), edge).T.copy(),
+                           "c": _fp64(rng, (4, 4), edge)}))
     return cases + _k4096_cases(rng, (("hopper", "fp16"), ("ampere", "bf16"),
                                       ("hopper", "fp8_e4m3fn"), ("volta", "fp16")))
+
+
+def _variant_cases(rng):
+    """One edge case per instruction variant of the block model (mma.sync shapes), per output."""
+    cases = []
+    for model in mma_models().values():
+        for cfg in model.configs:
+            if cfg.variant == "default" or model.kind_of(cfg) != "block":
+                continue
+            fmt = cfg.inputs[0]
+            for out, _, _ in cfg.outputs:
+                b_t = _edge(rng, fmt, (4, 32))
+                params = {"model": model.name, "in_format": fmt, "out_format": out,
+                          "variant": cfg.variant}
+                cases.append((f"mma-{model.name}-{cfg.variant}-{fmt}-{out}-edge", "mma", params, {
+                    "a": _edge(rng, fmt, (4, 32)), "b": np.ascontiguousarray(b_t.T),
+                    "c": _c(rng, out, (4, 4), edge=True)}))
+    return cases
+
+
+def _scale_codes(rng, sfmt, shape):
+    """Block-scale codes: near 2^0 mostly; E8M0 also the extremes 0x00/0x01/0xFD/0xFE and NaN;
+    UE4M3 every pattern (sign bits, zeros, subnormals, NaN)."""
+    if sfmt == "ue8m0":
+        s = (127 + rng.integers(-12, 13, shape)).astype(np.uint8)
+        pick = rng.random(shape) < 0.15
+        s[pick] = rng.choice(np.array([0x00, 0x01, 0xFD, 0xFE, 0xFF], np.uint8), pick.sum())
+        return s.view(get_format("e8m0").dtype)
+    s = rng.integers(0, 256, shape).astype(np.uint8)
+    s[((s & 0x7F) == 0x7F) & (rng.random(shape) < 0.7)] = 0x38
+    return s.view(get_format("fp8_e4m3fn").dtype)
+
+
+def _block_scaled_cases(rng):
+    """Every block-scaled variant and scale format of the presets: random element codes (NaN,
+    Inf, zero and subnormal blocks included) with edge scale codes, K = two instructions; and
+    one case of the MMA-Sim zero rule."""
+    cases, seen = [], set()
+    for model in mma_models().values():
+        for cfg in model.configs:
+            if not cfg.param("scales"):   # (AMD CDNA4's E8M0 scales: _mfma_cases)
+                continue
+            for sfmt, block in cfg.param("scales"):
+                key = (model.name, cfg.variant, sfmt, block)
+                if key in seen:
+                    continue
+                seen.add(key)
+                fa, fb = cfg.inputs[0], cfg.inputs[-1]
+                k = 2 * cfg.block
+                a = _codes(rng, fa, (4, k), block)
+                b = _codes(rng, fb, (4, k), block).T.copy()
+                params = {"model": model.name, "in_format": None, "out_format": "fp32",
+                          "variant": cfg.variant}              # in_format: a's and b's dtypes
+                inputs = {"a": a, "b": b, "c": _c(rng, "fp32", (4, 4), edge=True),
+                          "scale_a": _scale_codes(rng, sfmt, (4, k // block)),
+                          "scale_b": _scale_codes(rng, sfmt, (k // block, 4))}
+                cases.append((f"mma-{model.name}-{cfg.variant}-{sfmt}-block{block}", "mma",
+                              params, inputs))
+                if key == ("blackwell", "mxf4nvf4", "ue4m3", 16):
+                    cases.append(("mma-blackwell-mxf4nvf4-ue4m3-block16-mma_sim_zero_rule",
+                                  "mma", {**params, "choices": {"zero_rule": "mma_sim"}},
+                                  dict(inputs)))
+    return cases
+
+
+def _codes(rng, fmt, shape, block):
+    """Random element codes of ``fmt`` (every pattern), with a zero block and an all-subnormal
+    block (8-bit formats) in the first row."""
+    f = get_format(fmt)
+    codes = rng.integers(0, 1 << f.bits, shape).astype(np.uint8)
+    codes[0, :block] = 0
+    if f.bits == 8:
+        codes[0, block:2 * block] &= 0x83 if f.exponent_bits == 4 else 0x81
+    return codes.view(f.dtype)
 
 
 def _gemm_cases(rng, m=4, k=512, n=256, specs=None):
@@ -271,12 +275,32 @@ def _gemm_cases(rng, m=4, k=512, n=256, specs=None):
             inputs["scale_a"] = rng.uniform(2**-8, 4, (m, k // g)).astype(np.float32)
             inputs["scale_b"] = rng.uniform(2**-8, 4, (k // g, n // g)).astype(np.float32)
         elif scales == "e8m0":                     # the instruction's scales, one per 32 k
-            inputs["scale_a"] = (127 + rng.integers(-4, 5, (m, k // 32))).astype(np.uint8)
-            inputs["scale_b"] = (127 + rng.integers(-4, 5, (k // 32, n))).astype(np.uint8)
+            e8m0 = get_format("e8m0").dtype
+            inputs["block_scale_a"] = (127 + rng.integers(-4, 5, (m, k // 32))).astype(
+                np.uint8).view(e8m0)
+            inputs["block_scale_b"] = (127 + rng.integers(-4, 5, (k // 32, n))).astype(
+                np.uint8).view(e8m0)
         params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": promote,
                   "out_format": out}
         cases.append((f"gemm-{name}", "gemm", params, inputs))
-    return cases
+    return cases if specs is not None else cases + _nvfp4_gemm_case(rng)
+
+
+def _nvfp4_gemm_case(rng):
+    """NVFP4 as Transformer Engine runs it: UE4M3 block scales in the instruction, TE's alpha as
+    the per-tensor scale after it, split-K, a bf16 epilogue."""
+
+
+    x = (rng.standard_normal((4, 256)) * np.exp2(rng.integers(-4, 5, (4, 256)))).astype(np.float32)
+    w = rng.standard_normal((256, 32)).astype(np.float32)
+    qa, qb = _ms.quantize_nvfp4(x), _ms.quantize_nvfp4(w, axis=0)
+    return [("gemm-blackwell-nvfp4-splitk2-alpha", "gemm", {
+        "model": "blackwell", "in_format": "fp4_e2m1fn", "split_k": 2, "promote_every": None,
+        "out_format": "bf16", "variant": "mxf4nvf4"}, {
+        "a": qa.codes, "b": qb.codes, "block_scale_a": qa.scales, "block_scale_b": qb.scales,
+        "scale_a": _ms.nvfp4_gemm_alpha(qa.amax, qb.amax).reshape(())})]
+
+
 
 
 def _mfma_cases(rng):
@@ -295,6 +319,51 @@ def _mfma_cases(rng):
     return [c for model in models for c in _model_cases(rng, model, k=40)] + _k4096_cases(
         rng, (("cdna1", "fp16"), ("cdna2", "bf16"), ("cdna3", "fp16"), ("cdna3", "fp8_e4m3fnuz"),
               ("cdna4", "fp8_e4m3fn"))) + _gemm_cases(rng, n=16, specs=gemms)
+
+
+def _microscaling_cases(rng):
+    """The quantizers: every MX element format under every scale rule (1x32 along the last
+    axis), the other blocks and axes, both stochastic modes; NVFP4 under each scale rule, 1x16
+    and 16x16, stochastic; inputs with zeros, subnormals, Inf and NaN; the Hadamard transform."""
+    def data(shape):
+        x = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 21, (shape[0], 1)))
+        x = x * np.exp2(rng.integers(-3, 4, shape))
+        x = x.astype(np.float32)
+        x[0, :4] = [np.inf, np.nan, -0.0, 2.0**-140]
+        x[1, :32] = 0.0                                           # a zero block
+        return x
+    cases = []
+    for fmt in _ms.MX_ELEMENT_FORMATS:
+        for rule in _ms.SCALE_RULES:
+            cases.append((f"microscaling-mx-{fmt}-{rule}", "microscaling",
+                          {"quantizer": "mx", "format": fmt, "scale_rule": rule},
+                          {"x": data((4, 64))}))
+    for fmt, block, axis, mode in (("fp4_e2m1fn", [1, 16], 0, "stochastic"),
+                                   ("fp8_e4m3fn", [16, 16], -1, "stochastic_8bit"),
+                                   ("fp6_e3m2fn", [32, 32], -2, "nearest_even")):
+        x = data((32, 64))
+        inputs = {"x": x}
+        if mode != "nearest_even":
+            inputs["random_bits"] = rng.integers(0, 2**32, x.shape, dtype=np.uint64) \
+                .astype(np.uint32)
+        cases.append((f"microscaling-mx-{fmt}-{'x'.join(map(str, block))}-axis{axis}-{mode}",
+                      "microscaling", {"quantizer": "mx", "format": fmt, "block": block,
+                                       "axis": axis, "scale_rule": "te", "mode": mode}, inputs))
+    for rule in _ms.NVFP4_SCALE_RULES:
+        for block in ([1, 16], [16, 16]):
+            cases.append((f"microscaling-nvfp4-{rule}-{'x'.join(map(str, block))}",
+                          "microscaling", {"quantizer": "nvfp4", "block": block,
+                                           "scale_rule": rule}, {"x": data((32, 64))}))
+    for mode in ("stochastic", "stochastic_8bit"):
+        x = data((16, 64))
+        cases.append((f"microscaling-nvfp4-te-1x16-{mode}", "microscaling",
+                      {"quantizer": "nvfp4", "mode": mode, "axis": 0}, {
+                          "x": x, "random_bits": rng.integers(0, 2**32, x.shape, dtype=np.uint64)
+                          .astype(np.uint32)}))
+    y = _in_format("bf16", rng.standard_normal((32, 16)) * np.exp2(rng.integers(-8, 9, (32, 16))))
+    cases.append(("microscaling-hadamard-bf16-axis0", "microscaling",
+                  {"quantizer": "hadamard", "axis": 0}, {"x": y}))
+    return cases
 
 
 def _fake_quant_cases(rng):
@@ -358,11 +427,12 @@ def _train_cases(rng):
     idx = rng.integers(0, 16, (steps, batch, 9))                            # (steps, B, T+1)
     tokens = {"idx": idx[..., :-1].copy(), "targets": idx[..., 1:].copy()}  # (steps, B, T)
     return [(f"train_steps-{recipe}", "train_steps", {"recipe": recipe, "gpt": shape, "lr": 1e-2},
-             {**init, **tokens}) for recipe in recipe_names()]
+             {**init, **tokens}) for recipe in recipe_names()
+            if get_recipe(recipe).block_scaled is None]    # (their GEMMs: mma/gemm cases)
 
 
 def default_cases(rng: np.random.Generator) -> list[tuple]:
     """The non-rounding cases of the default suite, as (name, kind, params, inputs)."""
     return [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
                             _grad_scaler_cases, _attention_cases, _train_cases, _mfma_cases)
-            for c in build(rng)]
+            for c in build(rng)] + _microscaling_cases(np.random.default_rng(rng.integers(2**32)))

@@ -15,14 +15,20 @@ mma             fp32 output: on CUDA, fp16/bf16 2-D inputs go to the Tensor Core
                 otherwise ``torch.matmul(a.float(), b.float()) + c`` — a float32 GEMM of the
                 exactly widened inputs (on CUDA with TF32 off); tf32 inputs: the same with
                 ``allow_tf32=True`` on CUDA (plain float32 on CPU); fp16 output:
-                ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs); fp64 (AMD's f64 cases):
+                ``c + torch.matmul(a, b)`` all in fp16 (fp16 inputs); fp64 (FP64 cases):
                 ``torch.matmul(a, b) + c`` in float64. c is added after the product, where an
                 MMA starts from it: compare cases with c = 0, or read the differences in that
-                light. fp8/fp6/fp4 inputs (FNUZ and OCP): skipped (no portable matmul)
+                light. fp8/fp6/fp4 inputs (FNUZ and OCP): skipped (no portable matmul).
+                Block-scaled variants, on CUDA with ``torch._scaled_mm`` (PyTorch's MX/NVFP4
+                GEMM on sm_100): ``mxf8f6f4`` with fp8 elements and UE8M0 scales per 32, and
+                ``mxf4nvf4`` with UE4M3 scales per 16 (e2m1 packed two per byte, low nibble
+                first, as ``float4_e2m1fn_x2``), scales in cuBLAS's 128x4 blocked layout,
+                ``+ c`` after the product (untested on hardware here); fp6 elements, the other
+                scale formats, ``mxf4``, the MMA-Sim zero rule, AMD CDNA4's E8M0 instructions and
+                CPU devices: skipped (torch has no such GEMM)
 gemm            as mma's fp32 (fp64) output, then ``.to(out dtype)``; per-tensor scales multiply
                 the float32 product first (``alpha·(a@b) + c``, alpha = f32(sa·sb)); split-K and
-                promotion are not controllable; FP8, FP4 and block-scaled (E8M0 included) cases
-                are skipped
+                promotion are not controllable; FP8, FP4 and block-scaled gemm cases are skipped
 fake_quant      ``torch.fake_quantize_per_tensor_affine`` / ``..._per_channel_affine`` via their
                 ``_cachemask`` aten variants (y and the straight-through mask)
 optim           ``torch.optim.SGD`` / ``AdamW`` with ``foreach=False, fused=False`` (the
@@ -50,6 +56,7 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from mpt.golden.suite import compute_outputs, load_suite, outputs_folder, save_npz
@@ -61,7 +68,8 @@ __all__ = ["run_torch", "TORCH_DTYPES"]
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32",
                 "fp64": "float64",
                 "fp8_e4m3fn": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2",
-                "fp8_e4m3fnuz": "float8_e4m3fnuz", "fp8_e5m2fnuz": "float8_e5m2fnuz"}
+                "fp8_e4m3fnuz": "float8_e4m3fnuz", "fp8_e5m2fnuz": "float8_e5m2fnuz",
+                "e8m0": "float8_e8m0fnu"}
 _MATMUL_FORMATS = ("fp16", "bf16", "fp32", "tf32", "fp64")
 
 
@@ -82,7 +90,7 @@ class _Adapter:
     def t(self, x, fmt=None):
         """A numpy input as a torch tensor on the device (ml_dtypes arrays via their bits)."""
         torch = self.torch
-        if fmt in ("bf16",) or (fmt or "").startswith("fp8"):
+        if fmt in ("bf16", "e8m0") or (fmt or "").startswith("fp8"):
             bits = np.ascontiguousarray(x).view(f"u{x.dtype.itemsize}")
             signed = bits.view(f"i{x.dtype.itemsize}")
             t = torch.from_numpy(signed.copy()).view(getattr(torch, TORCH_DTYPES[fmt]))
@@ -132,7 +140,48 @@ class _Adapter:
             if cuda:
                 torch.backends.cuda.matmul.allow_tf32 = old
 
+    def _blocked(self, scales, fmt):
+        """Scale codes (rows, k-blocks) in cuBLAS's block-scaling layout: zero-padded to 128-row
+        by 4-column tiles, each tile stored as 32 rows of (4 row groups × 4 columns)."""
+        rows, cols = scales.shape
+        padded = np.zeros((-(-rows // 128) * 128, -(-cols // 4) * 4), np.uint8)
+        padded[:rows, :cols] = np.ascontiguousarray(scales).view(np.uint8)
+        tiles = padded.reshape(-1, 128, padded.shape[1] // 4, 4).transpose(0, 2, 1, 3)
+        blocked = tiles.reshape(-1, 4, 32, 4).transpose(0, 2, 1, 3).reshape(-1)
+        return self.t(blocked.view(getattr(ml_dtypes, TORCH_DTYPES[fmt])), fmt)
+
+    def _fp4(self, codes):
+        """E2M1 codes (rows, K) packed two per byte, the even k in the low nibble."""
+        nibbles = np.ascontiguousarray(codes).view(np.uint8) & 0x0F
+        packed = (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8)
+        return self.torch.from_numpy(packed.copy()).view(self.torch.float4_e2m1fn_x2) \
+            .to(self.device)
+
+    def _block_scaled(self, inputs, params):
+        torch = self.torch
+        a, b, sa, sb = (inputs[n] for n in ("a", "b", "scale_a", "scale_b"))
+        names = [str(x.dtype) for x in (a, b)]
+        fp8 = all(n.startswith("float8_e") and "fnu" not in n for n in names)
+        mx = params["variant"] == "mxf8f6f4" and fp8 and sa.dtype.name == "float8_e8m0fnu" \
+            and a.shape[1] == 32 * sa.shape[1]
+        nv = params["variant"] == "mxf4nvf4" and names == ["float4_e2m1fn"] * 2 and \
+            sa.dtype.name == "float8_e4m3fn" and a.shape[1] == 16 * sa.shape[1]
+        if not self.device.startswith("cuda") or not hasattr(torch, "_scaled_mm") or \
+                params.get("choices") or not (mx or nv):
+            return None
+        if mx:
+            fmts = [n.replace("float8_", "fp8_") for n in names]
+            ta, tb = self.t(a, fmts[0]), self.t(np.ascontiguousarray(b.T), fmts[1]).t()
+            scales = [self._blocked(sa, "e8m0"), self._blocked(sb.T, "e8m0")]
+        else:
+            ta, tb = self._fp4(a), self._fp4(np.ascontiguousarray(b.T)).t()
+            scales = [self._blocked(sa, "fp8_e4m3fn"), self._blocked(sb.T, "fp8_e4m3fn")]
+        d = torch._scaled_mm(ta, tb, *scales, out_dtype=torch.float32)
+        return {"d": self.out(d + self.t(inputs["c"]).float())}
+
     def mma(self, inputs, params):
+        if "scale_a" in inputs:
+            return self._block_scaled(inputs, params)
         fmt, out = params["in_format"], params["out_format"]
         if fmt not in _MATMUL_FORMATS:
             return None
@@ -146,7 +195,8 @@ class _Adapter:
     def gemm(self, inputs, params):
         fmt = params["in_format"]
         sa, sb = inputs.get("scale_a"), inputs.get("scale_b")
-        if fmt not in _MATMUL_FORMATS or any(s is not None and s.size > 1 for s in (sa, sb)):
+        if fmt not in _MATMUL_FORMATS or "block_scale_a" in inputs or \
+                any(s is not None and s.size > 1 for s in (sa, sb)):
             return None
         alpha = None if sa is None and sb is None else \
             float(np.float32(1 if sa is None else sa) * np.float32(1 if sb is None else sb))

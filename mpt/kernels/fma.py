@@ -18,10 +18,10 @@ rounding lands exactly on a float32 tie, so an intrinsic (or a round-to-odd corr
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
-__all__ = ["fma32", "fma64", "fma_array"]
+__all__ = ["fma32", "fma64", "fma_array", "fma64_chain"]
 
 
 def _fma_intrinsic(float_type):
@@ -77,3 +77,24 @@ def fma_array(a, b, c) -> np.ndarray:
     out = np.empty(a.size, dtype=np.float32)
     _fma_array(a, b, c, out)
     return out.reshape(shape)
+
+
+@njit(cache=True, parallel=True)
+def fma64_chain(a, b, acc, ia, ib, k0, k1):
+    """acc[z] = FMA chain of A[ia[z]]·B[ib[z]] over k in [k0, k1), in increasing k, onto acc[z]:
+    ``acc_ij = fma64(a_ik, b_kj, acc_ij)``, one IEEE float64 rounding (RNE) per k.
+
+    a: (Ba, M, K) float64, b: (Bb, K, N) float64, acc: (B, M, N) float64 in (c) / out (D).
+    What an FP64 GEMM on CUDA cores or NVIDIA's FP64 Tensor Cores (DMMA: MMA-Sim models them as
+    this chain) computes, and ``mpt.kernels.ops.matmul_f64``. One task per output row: each
+    element is computed by one thread in a fixed order. Oracle: a float64 loop over ``fma64``
+    and exact rationals (tests/test_mma_variants.py).
+    """
+    nb, m, n = acc.shape
+    for t in prange(nb * m):
+        z, i = t // m, t % m
+        row, a_row, b_mat = acc[z, i], a[ia[z], i], b[ib[z]]
+        for k in range(k0, k1):
+            ak, b_k = a_row[k], b_mat[k]
+            for j in range(n):
+                row[j] = fma64(ak, b_k[j], row[j])

@@ -12,11 +12,11 @@ rounding; LLVM never splits it into a multiply and an add). What a CPU or a CUDA
 computes, and mpt's FP32 matmul. Oracle: ``mpt.reference.mma.ieee_fma_reference``.
 
 ``block_chain_packed`` — the block model of :mod:`mpt.kernels.mma` for operands that meet its
-fast conditions (finite, non-zero products within [2^-60, 2^60], block·2^(F+2) <= 2^31; see
+fast conditions (finite, non-zero products within [2^-60, 2^60], F <= 29; see
 ``mpt.kernels.mma.block_chain``): the anchor pass (max of nominal products) and the sum pass
-(Σ int32(a·b·2^(F-E)), float32 products exact) run in registers; the per-block start and the
-output rounding are the shared Numba steps. Oracle: ``mpt.reference.mma.block_dot_reference``
-and the hardware samples. In both kernels each output element sees the same operations in the
+(Σ int32(a·b·2^(F-E)) over chunks of at most 2^(29-F) products, float32 products exact) run in
+registers; the per-block start and the output rounding are the shared Numba steps. Oracle:
+``mpt.reference.mma.block_dot_reference`` and the hardware samples. In both kernels each output element sees the same operations in the
 same order whatever the tiling and the thread count.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
 __all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "pack_rows", "pack_cols", "pack_tiles",
-           "unpack_tiles", "fma_chain", "block_chain_packed", "fma_tile",
+           "unpack_tiles", "fma_chain", "block_chain_packed", "sum_chunk", "fma_tile",
            # building blocks of LLVM IR kernels over these panels (mpt.kernels.mfma uses them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
 
@@ -253,26 +253,31 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
 
 
 @njit(cache=True, parallel=True)
-def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_bits, zero_pow2,
-                       out):
+def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, chunk, fraction_bits,
+                       zero_pow2, out):
     """The block model's chain over k in [k0, k1) (``mpt.kernels.mma.block_chain``), fast path.
 
     vap, pap: (Ba, Mt, K, BLOCK_ROWS) float32 values / nominal powers of two of A, packed by
     ``pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by :func:`pack_cols`; acc: (B, Mt, Nt,
     BLOCK_ROWS·COLS) float64 tiles (row-major within a tile, see ``pack_tiles``), in: c, out: D.
-    Tasks are (batch, column panel, 8 row tiles).
+    ``chunk``: products per int32 partial sum, with chunk·2^(F+2) <= 2^31 (:func:`sum_chunk`):
+    each truncated term is an integer below 2^(F+2), so a chunk's register sum cannot overflow;
+    a block of more products (Blackwell's f8f6f4: 32 products, F = 25) adds its chunks' partial
+    sums in float64, exactly (below 2^53). Tasks are (batch, column panel, 8 row tiles).
     """
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
     groups = (mt + ROW_TILES - 1) // ROW_TILES
+    size = BLOCK_ROWS * COLS
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        anchor = np.empty(BLOCK_ROWS * COLS, np.float32)
-        scale = np.empty(BLOCK_ROWS * COLS, np.float32)
-        total = np.empty(BLOCK_ROWS * COLS, np.int32)
-        c_term = np.empty(BLOCK_ROWS * COLS)
+        anchor = np.empty(size, np.float32)
+        scale = np.empty(size, np.float32)
+        part = np.empty(size, np.int32)
+        total = np.empty(size)
+        c_term = np.empty(size)
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
         for kb in range(k0, k1, block):
             nk = min(block, k1 - kb)
@@ -281,10 +286,26 @@ def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_
                 block_start(tile, anchor, zero_pow2, out[0])
                 _anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,
                              pb_p[kb:].ctypes.data, nk)
+                if nk <= chunk:          # one register sum: the block's total is the int32 sum
+                    block_scale(tile, anchor, scale, c_term, part, fraction_bits, 2.0 ** 88)
+                    _sum_tile(part.ctypes.data, scale.ctypes.data, va_z[it, kb:].ctypes.data,
+                              vb_p[kb:].ctypes.data, nk)
+                    block_finish(tile, anchor, c_term, part, fraction_bits, out)
+                    continue
                 block_scale(tile, anchor, scale, c_term, total, fraction_bits, 2.0 ** 88)
-                _sum_tile(total.ctypes.data, scale.ctypes.data, va_z[it, kb:].ctypes.data,
-                          vb_p[kb:].ctypes.data, nk)
+                for kc in range(kb, kb + nk, chunk):
+                    part[:] = 0
+                    _sum_tile(part.ctypes.data, scale.ctypes.data, va_z[it, kc:].ctypes.data,
+                              vb_p[kc:].ctypes.data, min(chunk, kb + nk - kc))
+                    for w in range(size):
+                        total[w] += part[w]
                 block_finish(tile, anchor, c_term, total, fraction_bits, out)
+
+
+def sum_chunk(block: int, fraction_bits: int) -> int:
+    """Products per int32 partial sum of :func:`block_chain_packed` for blocks of ``block``
+    products aligned with F = ``fraction_bits``: the most with chunk·2^(F+2) <= 2^31."""
+    return min(block, 1 << (29 - fraction_bits))
 
 
 def pack_tiles(c: np.ndarray, rows: int) -> np.ndarray:

@@ -220,14 +220,15 @@ def block_chain(va, pa, vb, pb, acc, ia, ib, k0, k1, block, fraction_bits, zero_
     ``out`` = (2^emin, 2^-(p-1), max finite, round to nearest?).
 
     This is the general path (any inputs, specials included). Finite operands whose non-zero
-    products have magnitudes in [2^-60, 2^60], with block·2^(F+2) <= 2^31, take the register-
-    blocked ``mpt.kernels.gemm.block_chain_packed`` instead (16 float32/int32 lanes), exact for
+    products have magnitudes in [2^-60, 2^60] take the register-blocked
+    ``mpt.kernels.gemm.block_chain_packed`` instead (16 float32/int32 lanes), exact for
     the same reasons plus: a product of two values of at most 11 significant bits is exact in
     float32 and its nominal product (> |a·b|/4 >= 2^-62) is a normal float32; a block with a
     non-zero product then has E >= 2^-62 and a scale 2^(F-E) <= 2^87, so capping the scale at
     2^88 (finite in float32) only touches blocks whose products are all 0; scaling by a power
     of two is exact or underflows below 1, where truncation gives 0 anyway; and each truncated
-    term is an integer below 2^(F+2), so int32 holds a block's sum (c's term stays in float64).
+    term is an integer below 2^(F+2), so int32 holds the sum of 2^(29-F) of them (c's term and
+    the sum of a longer block's partial sums stay in float64).
     Tasks are (batch, 32x64 output tiles); each output element is computed by one thread in a
     fixed order, so the bits do not depend on threads.
     """

@@ -25,7 +25,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.fma import fma64
+from mpt.kernels.fma import fma64_chain
 from mpt.kernels.threads import one_thread
 
 __all__ = [
@@ -422,20 +422,14 @@ def embedding_backward(idx, g, num_rows, padding_idx):
 # ---- fp64 matmul ---------------------------------------------------------------------------------
 
 
-@sized
-@njit(parallel=True, cache=True)
 def matmul_f64(a, b):
     """Batched float64 ``a @ b``: a (T, M, K), b (T, K, N) → (T, M, N); each element a sequential
     chain of IEEE float64 fused multiply-adds in increasing k from +0 (what an FP64 GEMM on CUDA
-    cores or FP64 Tensor Cores computes). Parallel over (t, m) rows."""
-    T, M, K = a.shape
-    N = b.shape[2]
-    out = np.zeros((T, M, N))
-    for tm in prange(T * M):
-        t = tm // M
-        m = tm % M
-        for k in range(K):
-            aik = a[t, m, k]
-            for n in range(N):
-                out[t, m, n] = fma64(aik, b[t, k, n], out[t, m, n])
+    cores or FP64 Tensor Cores computes): ``mpt.kernels.fma.fma64_chain``, parallel over rows."""
+    t, m, _ = a.shape
+    out = np.zeros((t, m, b.shape[2]))
+    index = np.arange(t)
+    with one_thread(a.size < SERIAL_BELOW):
+        fma64_chain(np.ascontiguousarray(a, np.float64), np.ascontiguousarray(b, np.float64), out,
+                    index, index, 0, a.shape[2])
     return out

@@ -37,7 +37,11 @@ quantization of their output gradients; ``zero grads %``: parameter-gradient ele
 exactly zero (the consequence); ``lost upd %``: for recipes without master weights, the share of
 the elements whose FP32 update left the low-precision weight unchanged (below half an ULP);
 ``B/param``: bytes per parameter of weights + gradients + master + AdamW states
-(``mpt.planning``); ``time s``: wall time of the recipe's run.
+(``mpt.planning``); ``qerr %`` and ``sat %``: for the block-scaled recipes (``mxfp8``,
+``nvfp4`` and its ablations ``nvfp4-no-rht`` / ``-no-sr`` / ``-no-2d``, ``mxfp4``; on a target
+with block-scaled MMA, ``--target b200``), the relative quantization error of their GEMM operands
+over the run and the share of non-zero inputs clamped at their block's largest code;
+``time s``: wall time of the recipe's run.
 
 **Quantization sections** (``quant``, default on for the Markov corpus; ``--no-quant`` skips
 them): QAT vs post-training quantization of a bigram MLP into integer-only models, and LoRA

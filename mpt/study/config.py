@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from mpt._checks import check_bool, check_int
-from mpt.amp.recipes import get_recipe, recipe_names
+from mpt.amp.recipes import get_recipe, recipe_names, runs_on
 from mpt.functional.attention import flash_runs
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig
@@ -46,7 +46,7 @@ class StudyConfig:
         target = get_target(self.target)
         object.__setattr__(self, "target", target.name)
         if self.recipes is None:   # every built-in recipe the target can run
-            names = [r for r in recipe_names() if target.fp8 or get_recipe(r).fp8 is None]
+            names = [r for r in recipe_names() if runs_on(r, target)]
         else:
             names = [get_recipe(r).name for r in self.recipes]
         object.__setattr__(self, "recipes", tuple(get_recipe(r, target).name for r in names))

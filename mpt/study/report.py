@@ -19,7 +19,7 @@ _FP16 = get_format("fp16")
 
 
 _COLUMNS = ("recipe", "final loss", "gap fp32", "skipped", "scale", "underflow %",
-            "zero grads %", "lost upd %", "B/param", "time s")
+            "zero grads %", "lost upd %", "B/param", "qerr %", "sat %", "time s")
 
 
 def _pct(x: float) -> str:
@@ -39,7 +39,10 @@ def table_rows(result: StudyResult) -> list[tuple[str, ...]]:
         rows.append((name, f"{run.final_loss:.4f}", gap, str(t["skipped"]),
                      f"{t['final_scale']:g}" if scaled else "-", _pct(t["underflow"]),
                      _pct(t["grad_zeros"]), _pct(t["lost_updates"]) if no_master else "-",
-                     f"{run.bytes_per_parameter:g}", f"{run.seconds:.1f}"))
+                     f"{run.bytes_per_parameter:g}",
+                     "-" if t["quant_error"] is None else _pct(t["quant_error"]),
+                     "-" if t["saturated"] is None else f"{100 * t['saturated']:.3f}",
+                     f"{run.seconds:.1f}"))
     return rows
 
 
@@ -77,7 +80,12 @@ _LEGEND = (
     "the backward format; FP8 layers' E5M2 output gradients); `zero grads %`: parameter-gradient "
     "values that are exactly zero; `lost upd %`: updates below half an ULP of a weight kept "
     "without master (its value did not change); `B/param`: bytes per parameter of weights, "
-    "gradients, master and AdamW states.")
+    "gradients, master and AdamW states; `qerr %`: the block-scaled recipes' relative "
+    "quantization error of their GEMM operands, sqrt(sum (q - x)^2 / sum x^2) over every "
+    "quantization of the run; `sat %`: the share of their non-zero inputs above their block's "
+    "largest code (clamped). The `nvfp4-no-*` rows are the NVFP4 ablation: the recipe without "
+    "the random Hadamard transform, without stochastic rounding of gradients, without 16x16 "
+    "weight tiles.")
 
 
 def _write_text(path: Path, text: str) -> None:

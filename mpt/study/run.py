@@ -1,6 +1,7 @@
 """L5: running the study — one trainer per recipe on the same batches, the results per recipe."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class RecipeRun:
         nonzero = sum(s.nonzero for s in lg) + sum(m.fp8_grad["nonzero"] for m in h)
         flushed = sum(s.underflow for s in lg) + sum(m.fp8_grad["flushed"] for m in h)
         changed = sum(m.changed for m in h)
+        block = {key: sum(m.block_scaled.get(key, 0) for m in h)
+                 for key in ("nonzero", "saturated", "sq_err", "sq")}
         return {
             "skipped": sum(m.skipped for m in h),
             "final_scale": h[-1].scale if h else None,
@@ -43,6 +46,8 @@ class RecipeRun:
             "grad_zeros": sum(m.grad_zeros for m in h) / max(1, sum(m.grad_numel for m in h)),
             "lost_updates": sum(m.lost for m in h) / changed if changed else 0.0,
             "first_nonfinite": next((m.first_nonfinite for m in h if m.first_nonfinite), None),
+            "quant_error": math.sqrt(block["sq_err"] / block["sq"]) if block["sq"] else None,
+            "saturated": block["saturated"] / block["nonzero"] if block["nonzero"] else None,
         }
 
 

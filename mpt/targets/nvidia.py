@@ -1,6 +1,7 @@
 """L1: NVIDIA GPUs as targets (and the CPU): FP32 GEMMs on CUDA cores (sequential FMA), FP16,
-BF16, TF32 and FP8 on the generation's Tensor Cores, OCP FP8 formats with saturating casts
-(Transformer Engine's HYBRID recipe), and no stochastic rounding in hardware casts."""
+BF16, TF32 and FP8 on the generation's Tensor Cores (the block-scaled MX/NVFP4 instructions are
+variants of the B200's and RTX 5090's models), OCP FP8 formats with saturating casts (Transformer
+Engine's HYBRID recipe), and no stochastic rounding in hardware casts."""
 from __future__ import annotations
 
 from mpt.targets.target import Conversions, Target, register_target
@@ -36,4 +37,6 @@ TARGETS = tuple(register_target(t) for t in (
          ("h200", "h800"), fp8=True),
     _gpu("b200", "blackwell", ("fp16", "bf16", "tf32"), "NVIDIA B200 (Blackwell, sm_100)",
          fp8=True),
+    _gpu("rtx5090", "rtx_blackwell", ("fp16", "bf16", "tf32"),
+         "NVIDIA GeForce RTX 5090 (Blackwell, sm_120)", fp8=True),
 ))

@@ -88,13 +88,13 @@ class Target:
 
     def evidence_by_format(self) -> dict[str, str]:
         """{input format (or "fp8"): the weakest evidence label of the MMA configurations that
-        run it}."""
+        run its GEMMs by default (both operands in that format, the model's default instruction;
+        ``mpt models`` lists the labels of the other variants)}."""
         out = {}
         for fmt, model_name in self.mma:
-            formats = _FP8 if fmt == "fp8" else (fmt,)
-            labels = [c.evidence for c in get_mma_model(model_name).configs
-                      if set(c.inputs) & set(formats)]
-            out[fmt] = max(labels, key=EVIDENCE.index)
+            model = get_mma_model(model_name)
+            formats = [f for f in (_FP8 if fmt == "fp8" else (fmt,)) if f in model.input_formats]
+            out[fmt] = max((model.config(f, f).evidence for f in formats), key=EVIDENCE.index)
         return out
 
     @property

@@ -4,7 +4,9 @@ numbers.
 :class:`Trainer` takes a network built in fp32 (``network(idx)`` → logits (B, T, vocab), e.g.
 ``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
 
-* the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with ``fp8``)
+* the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with
+  ``fp8``), ``BlockScaledLinear`` (recipes with ``block_scaled``; all but the last ``bf16_last``, numbered in
+  module order, their stochastic rounding keyed by ``config.seed``, the step and the micro-batch)
   or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
   ``recipe.param_format``;
 * the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
@@ -47,7 +49,8 @@ from mpt.amp.scaler import GradScaler, StaticLossScale
 from mpt.functional.autocast import autocast, matmul_model
 from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
                              log2_histogram, lost_update_fraction, tensor_cast_stats)
-from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
+from mpt.amp.linear import BlockScaledLinear, Fp8Linear, Tf32Linear, replace_linears
+from mpt.nn import Linear
 from mpt.optim import AdamW, clip_grad_norm_
 from mpt.amp.recipes import Recipe, get_recipe
 from mpt.autograd.tensor import no_grad, opmath
@@ -138,7 +141,9 @@ class StepMetrics:
     :class:`~mpt.train.diagnostics.CastStats` of the logits gradient (as scaled) cast into
     ``recipe.backward_format`` — exactly the first rounding of the backward pass;
     ``fp8_grad``: totals of the FP8 layers' output-gradient quantizations (``nonzero``,
-    ``flushed``, ``saturated``); ``grad_zeros`` / ``grad_subnormal`` / ``grad_numel``: parameter
+    ``flushed``, ``saturated``); ``block_scaled``: totals of the block-scaled layers'
+    quantizations (``numel``, ``nonzero``, ``saturated``, ``sq_err``, ``sq``: see
+    ``BlockScaledLinear``); ``grad_zeros`` / ``grad_subnormal`` / ``grad_numel``: parameter
     gradient elements that are exactly zero / subnormal in their format; ``lost``/``changed``:
     the copy-down statistics of the optimizer (elements whose FP32 working copy changed, and
     those whose low-precision value did not); ``grad_norm``: the total norm when clipping.
@@ -163,6 +168,7 @@ class StepMetrics:
     grad_norm: float | None = None
     tensors: dict = field(default_factory=dict)
     histograms: dict = field(default_factory=dict)
+    block_scaled: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -201,6 +207,8 @@ class Trainer:
         self.config = config
         self.network = network
         self.fp8_layers = self._swap_linears()
+        self.block_layers = {name: m for name, m in network.named_modules()
+                             if isinstance(m, BlockScaledLinear)}
         if self.recipe.param_format != "fp32":
             network.to(self.recipe.param_format)
         self.optimizer = AdamW(network.named_parameters(), lr=config.lr, betas=config.betas,
@@ -224,9 +232,20 @@ class Trainer:
             replace_linears(self.network, lambda lin: Fp8Linear(
                 lin, fp8.scaling, model=fp8.model, promote_every=fp8.promote_every,
                 split_accumulator=fp8.split_accumulator))
+        elif recipe.block_scaled is not None:
+            self._swap_block_scaled(recipe.block_scaled)
         elif recipe.compute_format == "tf32":
             replace_linears(self.network, lambda lin: Tf32Linear(lin, recipe.matmul_model))
         return {name: m for name, m in self.network.named_modules() if isinstance(m, Fp8Linear)}
+
+    def _swap_block_scaled(self, config):
+        """Every Linear but the last ``config.bf16_last`` becomes a BlockScaledLinear."""
+        linears = [m for _, m in self.network.named_modules() if type(m) is Linear]
+        keep = {id(m) for m in linears[len(linears) - config.bf16_last:]} \
+            if config.bf16_last else set()
+        plan, index = config.plan(), {id(m): i for i, m in enumerate(linears)}
+        replace_linears(self.network, lambda lin: lin if id(lin) in keep else BlockScaledLinear(
+            lin, plan, seed=self.config.seed, index=index[id(lin)]))
 
     # ---- forward ---------------------------------------------------------------------------
     @property
@@ -268,6 +287,8 @@ class Trainer:
             for name, layer in self.fp8_layers.items():
                 layer.load_fp8_state_dict(fp8[name])
                 layer.reset_counts()
+            for layer in self.block_layers.values():
+                layer.reset_counts()
         return math.fsum(losses) / len(losses)
 
     # ---- one step --------------------------------------------------------------------------
@@ -285,7 +306,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         detail = step in self.config.detail_steps
         losses, loss_grad, histograms = [], None, {}
-        for idx, targets in batches:
+        for micro, (idx, targets) in enumerate(batches):
+            for layer in self.block_layers.values():
+                layer.set_step(step, micro)
             stats, g_hist, loss = self._micro_step(idx, targets, detail)
             losses.append(loss)
             loss_grad = stats if loss_grad is None else loss_grad + stats
@@ -300,7 +323,8 @@ class Trainer:
             lost_update_fraction(self.optimizer.lost_updates)
         metrics = StepMetrics(step, lr, math.fsum(losses) / len(losses), scale, skipped,
                               loss_grad=loss_grad, fp8_grad=self._fp8_counts(), lost=lost,
-                              changed=changed, grad_norm=norm, histograms=histograms, **report)
+                              changed=changed, grad_norm=norm, histograms=histograms,
+                              block_scaled=self._block_counts(), **report)
         self.step_count = step
         self.history.append(metrics)
         return metrics
@@ -360,6 +384,16 @@ class Trainer:
             counts = layer.quantization_counts["grad_output"]
             for key in total:
                 total[key] += counts[key]
+            layer.reset_counts()
+        return total
+
+    def _block_counts(self) -> dict:
+        """The block-scaled layers' quantization statistics of the step, summed; then reset."""
+        total = {}
+        for layer in self.block_layers.values():
+            for counts in layer.quantization_counts.values():
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0) + value
             layer.reset_counts()
         return total
 
