@@ -255,9 +255,9 @@ def _decode_terms(x32, cfg: MMEConfig):
     pieces = np.stack([np.where(special, 0.0, sign * np.ldexp(
         ((sig >> lo) & ((1 << (hi - lo + 1)) - 1)).astype(np.float64), lo + last))
         for hi, lo in cfg.fields])
-    values = x32.astype(np.float64)
     emin = -14 if (cfg.chip, cfg.family) == ("gaudi2", "fp8") else -126
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(invalid="ignore"):               # a signalling NaN stays a NaN
+        values = x32.astype(np.float64)
         e = np.frexp(values)[1] - 1
     nominal = np.where(special | (values == 0), 0.0, np.ldexp(1.0, np.maximum(e, emin)))
     return pieces, values, nominal

@@ -206,17 +206,19 @@ def mme_dot_reference(a, b, c=0.0, *, chip: str, fmt) -> float:
     return c
 
 
-def mme_reference(a_bits, b_bits, c_bits, *, chip: str, fmt):
+def mme_reference(a_bits, b_bits, c_bits, *, chip: str, fmt, n=None):
     """D = A·B + C on bit patterns: a_bits (M, K), b_bits (K, N) nested lists of codes of
     ``fmt`` or of the pair (format of a, format of b) (fp32 patterns for fp32/tf32), c_bits
-    (M, N) FP32 patterns or None (+0). Returns (M, N) FP32 patterns, NaN as 0x7FFFFFFF."""
+    (M, N) FP32 patterns or None (+0); ``n``: N, needed only when K = 0 and c_bits is None.
+    Returns (M, N) FP32 patterns, NaN as 0x7FFFFFFF."""
     fa, fb, fam = _formats(fmt)
 
     def decode(v, f):
         return decode_bits(v, "fp32") if fam in ("fp32", "tf32") else decode_value(v, f)
     a = [[decode(v, fa) for v in row] for row in a_bits]
     b = [[decode(v, fb) for v in row] for row in b_bits]
-    m, n = len(a), len(b[0]) if b else len(c_bits[0])
+    m = len(a)
+    n = len(b[0]) if b else len(c_bits[0]) if c_bits is not None else n
     out = []
     for i in range(m):
         row = []
