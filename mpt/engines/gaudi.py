@@ -9,9 +9,10 @@ Evidence (each rule below carries one of these labels):
 * **documented** -- Intel Neural Compressor's FP8 scale methods (github intel/neural-compressor,
   ``neural_compressor/torch/algorithms/fp8_quant/_core/fp_utils.py`` and ``scale_methods/``).
 * **assumption** -- what neither fixes; each is a parameter with its choices listed:
-  ``lfsr_polynomial`` and ``lfsr_seeds`` (the hardware's are unpublished), and the K walk of a
-  whole GEMM (the reference walks K of one output from k = 0 in trees; how the hardware splits K
-  across passes or engines, and any reduction in memory, are not modelled).
+  ``lfsr_polynomial`` and ``lfsr_seeds`` (the hardware's are unpublished), ``log2_rounding`` of
+  INC's scale rounding (:data:`LOG2_ROUNDINGS`), and the K walk of a whole GEMM (the reference
+  walks K of one output from k = 0 in trees; how the hardware splits K across passes or engines,
+  and any reduction in memory, are not modelled: mpt walks all of K at once).
 
 **MME** (:func:`mme`): D = A·B + C in FP32, K walked in trees from k = 0, each tree's FP32 result
 the next tree's C (:data:`MME_CONFIGS` holds each chip's tree width, alignment and rounding).
@@ -39,15 +40,16 @@ __all__ = [
     "MMEConfig", "MME_CONFIGS", "mme_config", "GaudiOperands", "mme",
     "CONVERSION_MODES", "DEFAULT_LFSR_POLYNOMIAL", "LFSR_LANES", "default_lfsr_seeds",
     "lfsr_words", "convert",
-    "INC_BACKOFFS", "INC_SCALE_METHODS", "fullscale", "hw_aligned_scales", "round_scale",
-    "scale_from_maxabs", "maxabs", "maxabs_hw", "maxabs_pow2", "unit_scale", "describe",
+    "INC_BACKOFFS", "INC_SCALE_METHODS", "LOG2_ROUNDINGS", "fullscale", "hw_aligned_scales",
+    "round_scale", "scale_from_maxabs", "maxabs", "maxabs_hw", "maxabs_pow2", "unit_scale", "describe",
 ]
 
 CHIPS = ("gaudi2", "gaudi3")
 #: Evidence label of each part, for mpt.mma_models() and the targets table.
 EVIDENCE = {"mme": "reference model", "fp8_formats": "reference model",
             "conversion": "reference model", "lfsr_polynomial": "assumption",
-            "lfsr_seeds": "assumption", "k_walk": "assumption", "scaling": "documented"}
+            "lfsr_seeds": "assumption", "k_walk": "assumption", "scaling": "documented",
+            "log2_rounding": "assumption"}
 
 
 def _chip(chip) -> str:
@@ -520,24 +522,37 @@ def hw_aligned_scales(chip, kind="e4m3") -> tuple[float, ...]:
                  for b in _INC_BIAS_SETS[_chip(chip)][kind])
 
 
-def _pow2_ceil(s: np.ndarray) -> np.ndarray:
-    """2^ceil(log2 s) of float32 s > 0, exactly (INC: torch.exp2(torch.ceil(torch.log2(s)))).
+#: Assumption ``log2_rounding`` of the scale rounding: INC evaluates torch.log2 in its hp_dtype;
+#: "exact" takes ceil(log2 s) of the float32 scale exactly, "float32" rounds log2(s) to the
+#: nearest float32 first (torch.log2 on float32, taken as correctly rounded), which gives one
+#: power of two less when s lies just above a power of two (s = 16·(1 + 2^-23): 16, not 32).
+LOG2_ROUNDINGS = ("exact", "float32")
 
-    Exact here; INC's float32 log2 can round log2(s) down to an integer when s lies within a few
-    ulps above a power of two, where it returns that power of two instead. 0 gives 0, inf inf.
-    """
-    m, e = np.frexp(s.astype(np.float64))
-    e = np.where(m == 0.5, e - 1, e)
+
+def _pow2_ceil(s: np.ndarray, log2_rounding: str) -> np.ndarray:
+    """2^ceil(log2 s) of float32 s (INC's ScaleToPow2: torch.exp2(torch.ceil(torch.log2(s))));
+    0 gives 0, inf inf, NaN NaN."""
+    if log2_rounding not in LOG2_ROUNDINGS:
+        raise ValueError(f"log2_rounding must be one of {LOG2_ROUNDINGS}; got {log2_rounding!r}")
+    s64 = s.astype(np.float64)
+    m, e = np.frexp(s64)
+    e = np.where(m == 0.5, e - 1, e)                          # exact ceil(log2 s)
+    if log2_rounding == "float32":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e = np.ceil(np.log2(s64).astype(_F32)).astype(np.float64)
+    finite = np.isfinite(s) & (s > 0)
     with np.errstate(over="ignore"):
-        return np.where(s > 0, np.ldexp(_F32(1), e).astype(_F32), s)
+        p = np.ldexp(1.0, np.where(finite, e, 0).astype(np.int64)).astype(_F32)
+    return np.where(finite, p, s).astype(_F32)
 
 
-def round_scale(scale, *, chip, method, kind="e4m3") -> np.ndarray:
+def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact") -> np.ndarray:
     """INC's scale rounding (round_scales_function.py) of float32 scales.
 
     "identity": unchanged. "pow2": 2^ceil(log2 s). "unit": 1. "hw_aligned": pow2, then up to a
     power of 2^step (step 4 on Gaudi 2: powers of 16; 1 on Gaudi 3), clamped to
-    [min, max] of :func:`hw_aligned_scales` (INC uses the E4M3 set for every FP8 kind).
+    [min, max] of :func:`hw_aligned_scales` (INC uses the E4M3 set for every FP8 kind): 0 gives
+    the minimum, inf the maximum, NaN stays NaN. ``log2_rounding``: :data:`LOG2_ROUNDINGS`.
     """
     s = np.asarray(scale, dtype=_F32)
     if method == "identity":
@@ -547,14 +562,14 @@ def round_scale(scale, *, chip, method, kind="e4m3") -> np.ndarray:
     if method not in ("pow2", "hw_aligned"):
         raise ValueError("method must be 'identity', 'pow2', 'hw_aligned' or 'unit'; "
                          f"got {method!r}")
-    p = _pow2_ceil(s)
+    p = _pow2_ceil(s, log2_rounding)
     if method == "pow2":
         return p
     step = _INC_SCALE_STEP[_chip(chip)]
     allowed = hw_aligned_scales(chip, "e4m3")
-    e = np.frexp(p.astype(np.float64))[1] - 1                       # log2 of the power of two
-    aligned = np.ldexp(1.0, -(-e // step) * step)                   # 2^(ceil(e/step)·step)
-    aligned = np.where(p > 0, aligned, 0.0)
+    finite = np.isfinite(p) & (p > 0)
+    e = np.frexp(np.where(finite, p, 1).astype(np.float64))[1] - 1   # log2 of the power of two
+    aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), p)   # 2^(ceil(e/step)·step)
     return np.clip(aligned, min(allowed), max(allowed)).astype(_F32)
 
 
@@ -570,13 +585,14 @@ def maxabs(x, axis=None) -> np.ndarray:
     return np.moveaxis(a, axis, 0).reshape(x.shape[axis], -1).max(axis=1).astype(_F32)
 
 
-def scale_from_maxabs(amax, *, chip, method="identity", backoff=1.0, kind="e4m3"):
+def scale_from_maxabs(amax, *, chip, method="identity", backoff=1.0, kind="e4m3",
+                      log2_rounding="exact"):
     """INC's ``calc_maxabs_scale`` then the rounding: s = f32(maxabs / f32(fullscale·backoff)),
     rounded by :func:`round_scale`. x quantizes as round_fp8(x / s) and dequantizes as q·s."""
     denom = _F32(fullscale(chip, kind) * backoff)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         s = np.asarray(amax, dtype=_F32) / denom
-    return round_scale(s, chip=chip, method=method, kind=kind)
+    return round_scale(s, chip=chip, method=method, kind=kind, log2_rounding=log2_rounding)
 
 
 def _role(role):
@@ -585,19 +601,19 @@ def _role(role):
     return INC_BACKOFFS[role]
 
 
-def maxabs_hw(x, *, chip, role, axis=None, kind="e4m3"):
+def maxabs_hw(x, *, chip, role, axis=None, kind="e4m3", log2_rounding="exact"):
     """INC's MAXABS_HW scale (float32): maxabs/(fullscale·backoff), backoff 0.5 (weights) or 0.25
     (activations), rounded up to a power of two and then into the chip's hardware-aligned set
     (:func:`round_scale` "hw_aligned"). Per tensor; ``axis`` gives the per-channel variant."""
     return scale_from_maxabs(maxabs(x, axis), chip=chip, method="hw_aligned",
-                             backoff=_role(role), kind=kind)
+                             backoff=_role(role), kind=kind, log2_rounding=log2_rounding)
 
 
-def maxabs_pow2(x, *, chip, role, axis=None, kind="e4m3"):
+def maxabs_pow2(x, *, chip, role, axis=None, kind="e4m3", log2_rounding="exact"):
     """INC's MAXABS_POW2 scale (float32): as :func:`maxabs_hw` without the hardware alignment
     (scale_method_config.py; the PCS variants use ``axis``)."""
     return scale_from_maxabs(maxabs(x, axis), chip=chip, method="pow2", backoff=_role(role),
-                             kind=kind)
+                             kind=kind, log2_rounding=log2_rounding)
 
 
 def unit_scale(x, *, axis=None):
@@ -619,7 +635,8 @@ def describe(chip) -> dict:
                        "saturate); clip=True saturates", "lfsr_lanes": dict(LFSR_LANES)},
         "assumptions": {"lfsr_polynomial": hex(DEFAULT_LFSR_POLYNOMIAL),
                         "lfsr_seeds": "lane i starts at i + 2",
-                        "k_walk": "all of K in one walk of trees from k = 0"},
+                        "k_walk": "all of K in one walk of trees from k = 0",
+                        "log2_rounding": "exact (INC: torch.log2 in its hp_dtype)"},
         "scaling": {"methods": list(INC_SCALE_METHODS), "hw_aligned_scales":
                     [min(hw_aligned_scales(chip)), max(hw_aligned_scales(chip))]},
     }

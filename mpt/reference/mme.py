@@ -195,8 +195,8 @@ def tree_reference(a, b, c: float, *, chip: str, fmt) -> float:
 def mme_dot_reference(a, b, c=0.0, *, chip: str, fmt) -> float:
     """One output: c + Σ a_k·b_k walked tree by tree from k = 0 (module docstring).
 
-    a, b: sequences of K values of ``fmt`` (one format or a pair); c: an FP32 value (default +0). With K = 0 the result
-    is c (Gaudi 2: plus the final +0, so -0 becomes +0).
+    a, b: sequences of K values of ``fmt`` (one format or a pair); c: an FP32 value (default
+    +0). With K = 0 the result is c (Gaudi 2: plus the final +0, so -0 becomes +0).
     """
     width = TREE_WIDTH[chip][_formats(fmt)[2]]
     if len(a) == 0 and chip == "gaudi2":
