@@ -390,3 +390,33 @@ def test_kernels_equal_oracle(chip, fmt, data):
     want = mme_reference(a.tolist(), b.tolist(), c.tolist() if with_c else None, chip=chip,
                          fmt=(fmt, fb), n=n)
     assert d.view(np.uint32).tolist() == want
+
+
+def test_thread_count_does_not_change_bits():
+    """One thread per output row: the bits are the same on 1 and 2 threads."""
+    import numba
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal((2, 40, 70)) * 8).astype(np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((70, 50)).astype(np.float32).astype(ml_dtypes.bfloat16)
+    for chip in gaudi.CHIPS:
+        results = []
+        for threads in (1, 2):
+            numba.set_num_threads(threads)
+            try:
+                results.append(gaudi.mme(a, b, chip=chip).view(np.uint32))
+            finally:
+                numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert np.array_equal(results[0], results[1])
+
+
+def test_docs_examples():
+    """The pycon examples of docs/gaudi.md run and print what the page says."""
+    import doctest
+    import pathlib
+    import re
+    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "gaudi.md"
+    examples = "".join(re.findall(r"```pycon\n(.*?)```", page.read_text(), re.S))
+    test = doctest.DocTestParser().get_doctest(examples, {}, page.name, str(page), 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0

@@ -546,8 +546,9 @@ def _pow2_ceil(s: np.ndarray, log2_rounding: str) -> np.ndarray:
     return np.where(finite, p, s).astype(_F32)
 
 
-def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact") -> np.ndarray:
-    """INC's scale rounding (round_scales_function.py) of float32 scales.
+def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact"):
+    """INC's scale rounding (round_scales_function.py) of float32 scales (a float32 scalar for
+    a scalar, else an array).
 
     "identity": unchanged. "pow2": 2^ceil(log2 s). "unit": 1. "hw_aligned": pow2, then up to a
     power of 2^step (step 4 on Gaudi 2: powers of 16; 1 on Gaudi 3), clamped to
@@ -555,22 +556,23 @@ def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact") -> n
     the minimum, inf the maximum, NaN stays NaN. ``log2_rounding``: :data:`LOG2_ROUNDINGS`.
     """
     s = np.asarray(scale, dtype=_F32)
-    if method == "identity":
-        return s
-    if method == "unit":
-        return np.ones_like(s)
-    if method not in ("pow2", "hw_aligned"):
+    if method not in ("identity", "unit", "pow2", "hw_aligned"):
         raise ValueError("method must be 'identity', 'pow2', 'hw_aligned' or 'unit'; "
                          f"got {method!r}")
-    p = _pow2_ceil(s, log2_rounding)
-    if method == "pow2":
-        return p
-    step = _INC_SCALE_STEP[_chip(chip)]
-    allowed = hw_aligned_scales(chip, "e4m3")
-    finite = np.isfinite(p) & (p > 0)
-    e = np.frexp(np.where(finite, p, 1).astype(np.float64))[1] - 1   # log2 of the power of two
-    aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), p)   # 2^(ceil(e/step)·step)
-    return np.clip(aligned, min(allowed), max(allowed)).astype(_F32)
+    if method == "identity":
+        out = s
+    elif method == "unit":
+        out = np.ones_like(s)
+    else:
+        out = _pow2_ceil(s, log2_rounding)
+    if method == "hw_aligned":
+        step = _INC_SCALE_STEP[_chip(chip)]
+        allowed = hw_aligned_scales(chip, "e4m3")
+        finite = np.isfinite(out) & (out > 0)
+        e = np.frexp(np.where(finite, out, 1).astype(np.float64))[1] - 1   # log2 of the power
+        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)  # 2^(⌈e/step⌉·step)
+        out = np.clip(aligned, min(allowed), max(allowed))
+    return np.asarray(out, _F32)[()]
 
 
 def maxabs(x, axis=None) -> np.ndarray:
