@@ -41,7 +41,8 @@ __all__ = [
     "CONVERSION_MODES", "DEFAULT_LFSR_POLYNOMIAL", "LFSR_LANES", "default_lfsr_seeds",
     "lfsr_words", "convert",
     "INC_BACKOFFS", "INC_SCALE_METHODS", "LOG2_ROUNDINGS", "fullscale", "hw_aligned_scales",
-    "round_scale", "scale_from_maxabs", "maxabs", "maxabs_hw", "maxabs_pow2", "unit_scale", "describe",
+    "round_scale", "scale_from_maxabs", "maxabs", "maxabs_hw", "maxabs_pow2", "unit_scale",
+    "describe",
 ]
 
 CHIPS = ("gaudi2", "gaudi3")
@@ -570,7 +571,7 @@ def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact"):
         allowed = hw_aligned_scales(chip, "e4m3")
         finite = np.isfinite(out) & (out > 0)
         e = np.frexp(np.where(finite, out, 1).astype(np.float64))[1] - 1   # log2 of the power
-        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)  # 2^(⌈e/step⌉·step)
+        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)   # 2^(⌈e/step⌉step)
         out = np.clip(aligned, min(allowed), max(allowed))
     return np.asarray(out, _F32)[()]
 
