@@ -571,7 +571,7 @@ def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact"):
         allowed = hw_aligned_scales(chip, "e4m3")
         finite = np.isfinite(out) & (out > 0)
         e = np.frexp(np.where(finite, out, 1).astype(np.float64))[1] - 1   # log2 of the power
-        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)   # 2^(⌈e/step⌉step)
+        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)  # 2^(⌈e/step⌉·step)
         out = np.clip(aligned, min(allowed), max(allowed))
     return np.asarray(out, _F32)[()]
 
