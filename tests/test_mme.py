@@ -125,6 +125,14 @@ def test_gaudi2_fp8_anchor_is_not_normalised():
     assert _dot("gaudi2", E5M2, [1.5, 2.0**-12], [1.5, 2.0**-12], -2.25) == 0x33800000
 
 
+def test_gaudi2_bf16_anchor_is_normalised():
+    """Gaudi 2 bf16/fp16/tf32: a product's exponent is its own: 1.5·1.5 = 2.25 anchors at 2^1,
+    q = 2^-45, so 2^-23·2^-23 = 2^-46 is truncated away (C = -2.25 exact): +0, while
+    2^-22·2^-23 = 2^-45 survives (0x29000000). (With e_a + e_b, as fp8, 2^-46 would survive.)"""
+    assert _dot("gaudi2", "bf16", [1.5, 2.0**-23], [1.5, 2.0**-23], -2.25) == 0x00000000
+    assert _dot("gaudi2", "bf16", [1.5, 2.0**-22], [1.5, 2.0**-23], -2.25) == 0x29000000
+
+
 # ---- rounding: RNE (Gaudi 2) vs RZ (Gaudi 3), overflow ------------------------------------
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
