@@ -12,8 +12,9 @@ products) and the pairs (p, r) of pieces that are multiplied:
     gaudi3_chain:  D = RZ_fp32(total·q), ±Inf from 2^128 on
 
 Why float64 is exact here: a piece has at most 24 significant bits, so a piece product has at
-most 48 and is exact; every value lies within [2^-320, 2^260], far inside float64's normal
-range, so scaling by the power of two 1/q is exact; a truncated term is an integer below 2^48
+most 48 and is exact; pieces, products, 1/q and scaled terms all lie between 2^-600 and 2^300
+(fp32 operands: products within [2^-298, 2^256], 1/q within [2^-232, 2^298]), far inside
+float64's normal range, so scaling by the power of two 1/q is exact; a truncated term is an integer below 2^48
 (F = 46, significand products below 4) or 2^26 (F = 24), a tree has at most 16 terms (Gaudi 2
 fp8: 16 · 2^26) or 8 partial products of 2 products (below 8 · 2^48), so every partial sum is an
 integer below 2^53, exact in any order; ``total·q`` is then exact too. Gaudi 2's one rounding of
