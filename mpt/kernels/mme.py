@@ -14,10 +14,11 @@ products) and the pairs (p, r) of pieces that are multiplied:
 Why float64 is exact here: a piece has at most 24 significant bits, so a piece product has at
 most 48 and is exact; pieces, products, 1/q and scaled terms all lie between 2^-600 and 2^300
 (fp32 operands: products within [2^-298, 2^256], 1/q within [2^-232, 2^298]), far inside
-float64's normal range, so scaling by the power of two 1/q is exact; a truncated term is an integer below 2^48
-(F = 46, significand products below 4) or 2^26 (F = 24), a tree has at most 16 terms (Gaudi 2
-fp8: 16 · 2^26) or 8 partial products of 2 products (below 8 · 2^48), so every partial sum is an
-integer below 2^53, exact in any order; ``total·q`` is then exact too. Gaudi 2's one rounding of
+float64's normal range, so scaling by the power of two 1/q is exact; a truncated term is an
+integer below 2^48 (F = 46, significand products below 4) or 2^26 (F = 24); a tree sums at most
+16 terms below 2^26 (Gaudi 2 fp8), 8 products below 2^48 (Gaudi 2 bf16/fp16/tf32, or 2 fp32
+products of 4 partial products each) or 9 terms below 2^26 (Gaudi 3), so every partial sum is an
+integer below 2^53, exact in any order, and ``total·q`` is exact too. Gaudi 2's one rounding of
 the exact ``total·q + c``: TwoSum gives the float64 sum and its exact error, round-to-odd to 53
 bits keeps the sticky information, and the float32 conversion (RNE) of a round-to-odd value with
 at least two extra bits is the correctly rounded result (also for float32 subnormals). Gaudi 3's
