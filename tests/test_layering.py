@@ -10,7 +10,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 # nothing of mpt except the format table: they must stay independent of what they check.
 LAYERS = {
     "mpt.formats": 0, "mpt._version": 0,
-    "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.mma": 1,
+    "mpt.kernels": 1, "mpt.reference": 1, "mpt.rounding": 1, "mpt.mma": 1, "mpt.engines": 1,
     "mpt.tensor": 2, "mpt.function": 2, "mpt.memory": 2,
     "mpt.functional": 3, "mpt.autocast": 3, "mpt.policy": 3,
     "mpt.nn": 4, "mpt.optim": 4, "mpt.amp": 4, "mpt.fp8": 4, "mpt.checkpoint": 4,
