@@ -188,7 +188,7 @@ def test_order_and_tie_sensitive_cases_match_oracle(algorithm, decomposition, a,
     np.testing.assert_array_equal(_bits(got), _oracle_bits(want))
 
 
-# ---- NaN and Inf: the NaN -> 0 step ----------------------------------------------------------------
+# ---- NaN and Inf: the NaN -> 0 step --------------------------------------------------------------
 
 MULTI_PASS = ["BF16_BF16_F32_X3", "BF16_BF16_F32_X6", "BF16_BF16_F32_X9", "TF32_TF32_F32_X3"]
 
@@ -257,7 +257,7 @@ def test_nan_from_the_hi_pass_is_not_zeroed(decomposition):
     assert int(_bits(got)[0, 0]) == CANONICAL_NAN
 
 
-# ---- conversions ----------------------------------------------------------------------------------
+# ---- conversions ---------------------------------------------------------------------------------
 
 def test_tpu_to_bf16_rules():
     """RNE with ties to even, overflow to Inf, NaN/Inf kept, subnormals flushed with their sign;
@@ -291,7 +291,7 @@ def test_conversion_rule_changes_a_subnormal_operand():
     assert (float(ieee[0, 0]), int(_bits(tpu)[0, 0])) == (2.0**-120, 0)
 
 
-# ---- the front end ----------------------------------------------------------------------------------
+# ---- the front end -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision, algorithm", list(PRECISIONS.items()))
 def test_precision_names_the_pass_count(precision, algorithm):
