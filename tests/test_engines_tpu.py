@@ -1,4 +1,5 @@
-"""mpt.engines.tpu: XLA's bf16 pass algorithms (DotAlgorithmPreset) on the TPU model.
+"""The MMA model tpu: one MXU pass (``mpt.mma``) and XLA's bf16 pass algorithms of an f32 dot
+(DotAlgorithmPreset; ``mpt.gemm(..., model="tpu", algorithm=...)``).
 
 The oracle is ``mpt.reference.tpu`` (the algorithms spelled out from XLA's source on exact
 rationals, inner pass = sequential exact FMA); directed cases pin what each step does to the
@@ -11,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mpt
-from mpt.engines.tpu import (ALGORITHMS, CONVERSIONS, PRECISIONS, TRITON_BLOCK_K, tpu_gemm,
-                             tpu_to_bf16)
+from mpt.engines.tpu import ALGORITHMS, CONVERSIONS, PRECISIONS, TRITON_BLOCK_K, tpu_to_bf16
 from mpt.reference.tpu import bf16_convert, tpu_gemm_reference
 
 CANONICAL_NAN = 0x7FFFFFFF
@@ -24,6 +24,11 @@ def _f32(bits):
 
 def _bits(x):
     return np.asarray(x, np.float32).view(np.uint32)
+
+
+def tpu(a, b, c=None, **options):
+    """An f32 dot on the TPU model: ``tpu(...)`` (its only public path)."""
+    return mpt.gemm(a, b, c, model="tpu", **options)
 
 
 def _oracle_bits(values):
@@ -74,8 +79,8 @@ def test_matches_oracle(algorithm, decomposition, data):
     kwargs = {}
     if decomposition == "triton":
         kwargs["block_k"] = data.draw(st.sampled_from([1, 2, 3, TRITON_BLOCK_K]))
-    got = tpu_gemm(a.view(np.float32), b.view(np.float32), c, algorithm=algorithm,
-                   decomposition=decomposition, conversion=conversion, **kwargs)
+    got = tpu(a.view(np.float32), b.view(np.float32), c, algorithm=algorithm,
+              decomposition=decomposition, conversion=conversion, **kwargs)
     want = tpu_gemm_reference(a.tolist(), b.tolist(), None if c is None else c.tolist(),
                               algorithm=algorithm, decomposition=decomposition,
                               conversion=conversion, **kwargs)
@@ -88,9 +93,9 @@ def test_empty_k_gives_c(algorithm, decomposition):
     """K = 0: no products; D = c (or +0)."""
     a, b = np.ones((2, 0), np.float32), np.ones((0, 3), np.float32)
     c = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
-    np.testing.assert_array_equal(_bits(tpu_gemm(a, b, c, algorithm=algorithm,
+    np.testing.assert_array_equal(_bits(tpu(a, b, c, algorithm=algorithm,
                                                  decomposition=decomposition)), _bits(c))
-    assert not _bits(tpu_gemm(a, b, algorithm=algorithm, decomposition=decomposition)).any()
+    assert not _bits(tpu(a, b, algorithm=algorithm, decomposition=decomposition)).any()
 
 
 # ---- X3 and X6 against a plain FP32 GEMM and each other ------------------------------------------
@@ -110,7 +115,7 @@ def test_x3_x6_and_fp32_all_differ(decomposition):
     X9 keeps the dropped terms and equals FP32 here.
     """
     a = np.array([[1 + 2.0**-12 + 2.0**-23]], np.float32)
-    got = {alg: int(_bits(tpu_gemm(a, a, algorithm=alg, decomposition=decomposition))[0, 0])
+    got = {alg: int(_bits(tpu(a, a, algorithm=alg, decomposition=decomposition))[0, 0])
            for alg in ("F32_F32_F32", "BF16_BF16_F32_X3", "BF16_BF16_F32_X6", "BF16_BF16_F32_X9")}
     assert got == {"F32_F32_F32": 0x3F801003, "BF16_BF16_F32_X3": 0x3F801000,
                    "BF16_BF16_F32_X6": 0x3F801002, "BF16_BF16_F32_X9": 0x3F801003}
@@ -137,7 +142,7 @@ def test_xla_x6_sums_mm_then_hl_then_lh():
     a = np.array([[u, -1, u, 1, 1, -1, -w, x]], np.float32)
     b = np.array([[v, v, -1, 1, w, x, 1, 1]], np.float32).T.copy()
     for decomposition in ("xla", "triton"):
-        got = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X6", decomposition=decomposition)
+        got = tpu(a, b, algorithm="BF16_BF16_F32_X6", decomposition=decomposition)
         assert int(_bits(got)[0, 0]) == 0
     # the ordering that would keep 2^-41, spelled out on the same passes
     mm, hl, lh = np.float32(2.0**-41), np.float32(2.0**-17), np.float32(-2.0**-17)
@@ -154,11 +159,14 @@ def test_triton_chains_hi_hi_into_the_low_accumulator():
       fma(1, −4096, −1 + 2^-12) = −4097 + 2^-12, a tie between 4097 and 4097 − 2^-11 that goes
       to even, −4097; then fma(−2^-12, −4096, −4097) = −4096: 0xC5800000.
     """
-    a = np.array([[1.0, -2.0**-12]], np.float32)
-    b = np.array([[-4097.0], [-4097.0]], np.float32)
-    xla = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", decomposition="xla")
-    triton = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton")
-    assert (int(_bits(xla)[0, 0]), int(_bits(triton)[0, 0])) == (0xC57FFFFF, 0xC5800000)
+    a, b, want_xla, want_triton = _TRITON_CASE
+    xla = tpu(a, b, algorithm="BF16_BF16_F32_X3", decomposition="xla")
+    triton = tpu(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton")
+    assert (int(_bits(xla)[0, 0]), int(_bits(triton)[0, 0])) == (want_xla, want_triton)
+
+
+_TRITON_CASE = (np.array([[1.0, -2.0**-12]], np.float32),
+                np.array([[-4097.0], [-4097.0]], np.float32), 0xC57FFFFF, 0xC5800000)
 
 
 # Inputs found by search: swapping two adjacent passes of the source's X6 lists, or rounding the
@@ -182,7 +190,7 @@ SENSITIVE_CASES = [
 def test_order_and_tie_sensitive_cases_match_oracle(algorithm, decomposition, a, b):
     a = np.array([a], np.float32)
     b = np.array([b], np.float32).T.copy()
-    got = tpu_gemm(a, b, algorithm=algorithm, decomposition=decomposition)
+    got = tpu(a, b, algorithm=algorithm, decomposition=decomposition)
     want = tpu_gemm_reference(a.view(np.uint32).tolist(), b.view(np.uint32).tolist(),
                               algorithm=algorithm, decomposition=decomposition)
     np.testing.assert_array_equal(_bits(got), _oracle_bits(want))
@@ -207,7 +215,7 @@ def test_inf_operand_low_passes_nan_zeroed(algorithm, decomposition, x):
     with np.errstate(invalid="ignore"):
         lo_b = tpu_to_bf16(np.float32(np.inf) - np.float32(np.inf))
     assert np.isnan(np.float32(lo_b))                            # the low piece of Inf
-    got = tpu_gemm(a, b, algorithm=algorithm, decomposition=decomposition)
+    got = tpu(a, b, algorithm=algorithm, decomposition=decomposition)
     no_nan_step = (algorithm, decomposition) == ("TF32_TF32_F32_X3", "triton")
     assert int(_bits(got)[0, 0]) == (CANONICAL_NAN if no_nan_step else 0x7F800000)
 
@@ -228,9 +236,9 @@ def test_overflowing_low_sum_inf_kept_by_xla_zeroed_by_triton_tile():
     k = 2048
     a = np.tile(np.array([2.0**63 + 2.0**54, -2.0**63], np.float32), k // 2)[None, :]
     b = np.full((k, 1), 2.0**64, np.float32)
-    xla = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", decomposition="xla")
-    one_tile = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton", block_k=k)
-    tiled = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton")
+    xla = tpu(a, b, algorithm="BF16_BF16_F32_X3", decomposition="xla")
+    one_tile = tpu(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton", block_k=k)
+    tiled = tpu(a, b, algorithm="BF16_BF16_F32_X3", decomposition="triton")
     assert (int(_bits(xla)[0, 0]), int(_bits(one_tile)[0, 0]), int(_bits(tiled)[0, 0])) == \
         (0x7F800000, 0x00000000, 0x7F800000)
     want = tpu_gemm_reference(a.view(np.uint32).tolist(), b.view(np.uint32).tolist(),
@@ -244,8 +252,8 @@ def test_nan_payload_in_low_bits_truncates_to_inf(algorithm):
     rewriter's truncation (hi = 0x7F800000); its lo = bf16(NaN − Inf) is NaN, the low sum is
     zeroed, and hi·1 = +Inf. The Triton split rounds (RNE keeps NaN): NaN."""
     a, b = _f32([[0x7F800001]]), np.array([[1.0]], np.float32)
-    assert int(_bits(tpu_gemm(a, b, algorithm=algorithm, decomposition="xla"))[0, 0]) == 0x7F800000
-    assert int(_bits(tpu_gemm(a, b, algorithm=algorithm, decomposition="triton"))[0, 0]) == \
+    assert int(_bits(tpu(a, b, algorithm=algorithm, decomposition="xla"))[0, 0]) == 0x7F800000
+    assert int(_bits(tpu(a, b, algorithm=algorithm, decomposition="triton"))[0, 0]) == \
         CANONICAL_NAN
 
 
@@ -253,7 +261,7 @@ def test_nan_payload_in_low_bits_truncates_to_inf(algorithm):
 def test_nan_from_the_hi_pass_is_not_zeroed(decomposition):
     """Inf·0 in the hi·hi pass, which comes after the NaN step: NaN."""
     a, b = np.array([[np.inf]], np.float32), np.array([[0.0]], np.float32)
-    got = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X6", decomposition=decomposition)
+    got = tpu(a, b, algorithm="BF16_BF16_F32_X6", decomposition=decomposition)
     assert int(_bits(got)[0, 0]) == CANONICAL_NAN
 
 
@@ -286,9 +294,9 @@ def test_conversion_rule_changes_a_subnormal_operand():
     """a = 2^-130 (an f32 subnormal), b = 2^10: one bf16 pass gives 2^-120 with IEEE conversion,
     0 when the TPU flushes the subnormal."""
     a, b = np.array([[2.0**-130]], np.float32), np.array([[2.0**10]], np.float32)
-    ieee = tpu_gemm(a, b, conversion="ieee")
-    tpu = tpu_gemm(a, b, conversion="tpu")
-    assert (float(ieee[0, 0]), int(_bits(tpu)[0, 0])) == (2.0**-120, 0)
+    ieee = tpu(a, b, conversion="ieee")
+    flushed = tpu(a, b, conversion="tpu")
+    assert (float(ieee[0, 0]), int(_bits(flushed)[0, 0])) == (2.0**-120, 0)
 
 
 # ---- the front end -------------------------------------------------------------------------------
@@ -298,8 +306,8 @@ def test_precision_names_the_pass_count(precision, algorithm):
     """default / high / highest = 1 / 3 / 6 bf16 passes, as JAX has it on a TPU."""
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((3, 40), np.float32), rng.standard_normal((40, 2), np.float32)
-    np.testing.assert_array_equal(_bits(tpu_gemm(a, b, precision=precision)),
-                                  _bits(tpu_gemm(a, b, algorithm=algorithm)))
+    np.testing.assert_array_equal(_bits(tpu(a, b, precision=precision)),
+                                  _bits(tpu(a, b, algorithm=algorithm)))
     passes = int(algorithm.rsplit("_X", 1)[1]) if "_X" in algorithm else 1
     assert passes == {"default": 1, "high": 3, "highest": 6}[precision]
 
@@ -309,7 +317,7 @@ def test_default_is_one_bf16_pass_of_ieee_fma():
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((4, 33), np.float32), rng.standard_normal((33, 3), np.float32)
     want = mpt.gemm(tpu_to_bf16(a), tpu_to_bf16(b), model="ieee_fma")
-    np.testing.assert_array_equal(_bits(tpu_gemm(a, b)), _bits(want))
+    np.testing.assert_array_equal(_bits(tpu(a, b)), _bits(want))
 
 
 @pytest.mark.parametrize("inner", ["exact", "ieee_mul_add", "hopper", "ampere"])
@@ -327,25 +335,61 @@ def test_inner_pass_is_any_mma_model(inner):
         return mpt.gemm(x, y, model=inner)
     low = dot(la, hb) + dot(ha, lb)
     want = np.where(np.isnan(low), np.float32(0), low) + dot(ha, hb)
-    got = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X3", inner=inner)
+    got = tpu(a, b, algorithm="BF16_BF16_F32_X3", inner=inner)
     np.testing.assert_array_equal(_bits(got), _bits(want))
 
 
 def test_batch_dimensions_broadcast():
     rng = np.random.default_rng(6)
     a, b = rng.standard_normal((2, 3, 5), np.float32), rng.standard_normal((5, 4), np.float32)
-    got = tpu_gemm(a, b, algorithm="BF16_BF16_F32_X6", decomposition="triton", block_k=2)
+    got = tpu(a, b, algorithm="BF16_BF16_F32_X6", decomposition="triton", block_k=2)
     for z in range(2):
-        np.testing.assert_array_equal(_bits(got[z]), _bits(tpu_gemm(
+        np.testing.assert_array_equal(_bits(got[z]), _bits(tpu(
             a[z], b, algorithm="BF16_BF16_F32_X6", decomposition="triton", block_k=2)))
 
 
-def test_bfloat16_operands_are_decoded_exactly():
+def test_mma_is_one_mxu_pass_of_bf16_operands():
+    """mpt.mma on bf16 operands runs one MXU pass, the inner model from C (the inner model
+    chosen per call or with configure). Without C it equals the f32 dot of the same values at
+    the default precision (their bf16 conversion is exact); with C it does not in general: the
+    rewriter's dot adds C after the pass, one f32 add (here it differs by one ulp)."""
     rng = np.random.default_rng(7)
     a = rng.standard_normal((2, 6)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((6, 2)).astype(ml_dtypes.bfloat16)
-    np.testing.assert_array_equal(_bits(tpu_gemm(a, b)),
-                                  _bits(tpu_gemm(a.astype(np.float32), b.astype(np.float32))))
+    c = rng.standard_normal((2, 2)).astype(np.float32)
+    mxu = mpt.mma(a, b, c, model="tpu")
+    np.testing.assert_array_equal(_bits(mxu), _bits(mpt.mma(a, b, c, model="ieee_fma")))
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    np.testing.assert_array_equal(_bits(mpt.mma(a, b, model="tpu")), _bits(tpu(a32, b32)))
+    assert not np.array_equal(_bits(mxu), _bits(tpu(a32, b32, c)))
+    exact = mpt.mma(a, b, c, model="exact")
+    np.testing.assert_array_equal(_bits(mpt.mma(a, b, c, model="tpu", inner="exact")), _bits(exact))
+    configured = mpt.get_mma_model("tpu").configure(inner="exact")
+    np.testing.assert_array_equal(_bits(mpt.mma(a, b, c, model=configured)), _bits(exact))
+
+
+def test_f32_dot_is_software_mma_refuses_it():
+    """The pass algorithm composes MXU passes in software: mpt.mma takes bf16 operands only,
+    and the algorithm options belong to fp32 inputs."""
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(ValueError, match="call mpt.gemm"):
+        mpt.mma(a, a.T.copy(), model="tpu")
+    h = a.astype(ml_dtypes.bfloat16)
+    with pytest.raises(TypeError, match="algorithm: options of an f32 dot"):
+        mpt.mma(h, h.T.copy(), model="tpu", algorithm="BF16_BF16_F32_X3")
+
+
+def test_assumptions_are_configurable_defaults():
+    """decomposition, inner and conversion are Assumptions of the model (choices listed, the
+    first the default); configure changes what a call without the option runs."""
+    model = mpt.get_mma_model("tpu")
+    assert {a.name: a.choices[:3] for a in model.assumptions} == {
+        "inner": ("ieee_fma", "ieee_mul_add", "exact"), "decomposition": ("xla", "triton"),
+        "conversion": ("tpu", "tpu_daz", "ieee")}
+    a, b, _, _ = _TRITON_CASE
+    triton = model.configure(decomposition="triton")
+    np.testing.assert_array_equal(_bits(mpt.gemm(a, b, model=triton, precision="high")),
+                                  _bits(tpu(a, b, precision="high", decomposition="triton")))
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -361,14 +405,14 @@ def test_bfloat16_operands_are_decoded_exactly():
 def test_bad_arguments(kwargs, error, match):
     a = np.ones((2, 3), np.float32)
     with pytest.raises(error, match=match):
-        tpu_gemm(a, a.T.copy(), **kwargs)
+        tpu(a, a.T.copy(), **kwargs)
 
 
 def test_bad_operands():
     a = np.ones((2, 3), np.float32)
-    with pytest.raises(TypeError, match="a must be float32"):
-        tpu_gemm(np.ones((2, 3), np.int32), a.T.copy())
+    with pytest.raises(TypeError, match="a has dtype int32"):
+        tpu(np.ones((2, 3), np.int32), a.T.copy())
     with pytest.raises(TypeError, match="c must be float32"):
-        tpu_gemm(a, a.T.copy(), np.zeros((2, 2)))
+        tpu(a, a.T.copy(), np.zeros((2, 2)))
     with pytest.raises(ValueError, match="shape"):
-        tpu_gemm(np.ones(3, np.float32), a.T.copy())
+        tpu(np.ones(3, np.float32), a.T.copy())

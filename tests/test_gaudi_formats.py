@@ -321,3 +321,24 @@ def test_lfsr_full_period_gives_exact_stochastic_expectation():
         assert seen == 0 or not (words == 1).any()
         seen += n
     assert states.tolist() == [1] and below == 0x40000000
+
+
+def test_names_resolve_and_the_models_take_the_chip_formats():
+    """mpt.get_format finds every Gaudi FP8 name (bias 0..63, no leading zeros); the fp8
+    configuration of each model takes every format its chip allows, and no other."""
+    fmt = gaudi.fp8_format("gaudi3", "e4m3", 11, "none")
+    assert mpt.get_format("gaudi_e4m3_b11_none") == fmt
+    assert mpt.get_format("GAUDI_E5M2_B0_MINIMAL") == gaudi.fp8_format("gaudi3", "e5m2", 0,
+                                                                        "minimal")
+    for bad in ("gaudi_e4m3_b64_full", "gaudi_e4m3_b07_full", "gaudi_e3m4_b7_full"):
+        with pytest.raises(ValueError, match="Gaudi FP8"):
+            mpt.get_format(bad)
+    gaudi2, gaudi3 = mpt.get_mma_model("gaudi2"), mpt.get_mma_model("gaudi3")
+    assert gaudi2.config("gaudi_e4m3_b3_full", "gaudi_e4m3_b15_full").param("family") == "fp8"
+    assert gaudi2.config("gaudi_e5m2_b15_full", "fp8_e5m2").param("family") == "fp8"
+    for refused in ("gaudi_e4m3_b5_full", "fp8_e4m3fn", "gaudi_e4m3_b7_none"):
+        with pytest.raises(ValueError, match="does not take inputs"):
+            gaudi2.config(refused, refused)
+    assert gaudi3.config("fp8_e4m3fn", "gaudi_e5m2_b40_minimal").param("family") == "fp8"
+    with pytest.raises(ValueError, match="does not take inputs"):
+        gaudi3.config("fp8_e4m3fnuz", "fp8_e4m3fnuz")

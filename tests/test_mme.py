@@ -1,7 +1,8 @@
-"""mpt.engines.gaudi.mme: the Gaudi 2 / Gaudi 3 matrix engine, rule by rule, and its oracle.
+"""The MMA models gaudi2 / gaudi3 (``mpt.mma(..., model="gaudi3")``): the Gaudi matrix engine
+(MME), rule by rule, and its oracle.
 
 Directed vectors assert one rule of Habana's MME reference model each; the comment above each
-derives the expected bits. Every expectation is asserted for both the Numba kernels (``mme``) and
+derives the expected bits. Every expectation is asserted for both the Numba kernels (``mpt.mma``) and
 the exact-rational oracle (``mpt.reference.mme``); each was also reproduced by Habana's reference
 code compiled outside the repository (see docs/gaudi.md). The property tests
 compare the kernels with the oracle bit for bit on random bit patterns: zeros of both signs,
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mpt
 from mpt.engines import gaudi
 from mpt.reference.mme import mme_dot_reference, mme_reference
 from mpt.reference.rounding import decode_value
@@ -46,7 +48,7 @@ def _dot(chip, fmt, a, b, c=0.0):
     (asserted equal to each other)."""
     k = len(a)
     cc = None if c is None else np.full((1, 1), c, np.float32)
-    d = gaudi.mme(_array(a, fmt, (1, k)), _array(b, fmt, (k, 1)), cc, chip=chip, in_format=fmt)
+    d = mpt.mma(_array(a, fmt, (1, k)), _array(b, fmt, (k, 1)), cc, model=chip, in_format=fmt)
     got = int(d.view(np.uint32)[0, 0])
     want = mme_dot_reference([float(v) for v in a], [float(v) for v in b],
                              0.0 if c is None else float(np.float32(c)), chip=chip, fmt=fmt)
@@ -254,8 +256,8 @@ def test_empty_k():
     """K = 0: no tree runs, D = C; Gaudi 2 still adds its final +0 (RNE), so -0 becomes +0."""
     c = np.full((1, 1), -0.0, np.float32)
     a, b = np.zeros((1, 0), ml_dtypes.bfloat16), np.zeros((0, 1), ml_dtypes.bfloat16)
-    assert gaudi.mme(a, b, c, chip="gaudi2").view(np.uint32)[0, 0] == 0x00000000
-    assert gaudi.mme(a, b, c, chip="gaudi3").view(np.uint32)[0, 0] == 0x80000000
+    assert mpt.mma(a, b, c, model="gaudi2").view(np.uint32)[0, 0] == 0x00000000
+    assert mpt.mma(a, b, c, model="gaudi3").view(np.uint32)[0, 0] == 0x80000000
 
 
 @pytest.mark.parametrize("chip", gaudi.CHIPS)
@@ -285,10 +287,10 @@ def test_gaudi3_fp8_modes_and_mixing():
     e4m3 = gaudi.fp8_format("gaudi3", "e4m3", 7, "none")
     a = np.array([[480.0]], np.float32)
     b = np.array([[2.0]], np.float32)
-    d = gaudi.mme(a, b, chip="gaudi3", in_format=(e4m3, E5M2))
+    d = mpt.mma(a, b, model="gaudi3", in_format=(e4m3, E5M2))
     assert d.view(np.uint32)[0, 0] == _fp32_bits(960.0)
     with pytest.raises(ValueError, match="does not mix"):
-        gaudi.mme(np.ones((1, 1), np.float32), b, chip="gaudi2", in_format=(E4M3, E5M2))
+        mpt.mma(np.ones((1, 1), np.float32), b, model="gaudi2", in_format=(E4M3, E5M2))
 
 
 # ---- arguments ---------------------------------------------------------------------------------
@@ -296,19 +298,19 @@ def test_gaudi3_fp8_modes_and_mixing():
 def test_bad_arguments():
     a = np.ones((2, 3), ml_dtypes.bfloat16)
     b = np.ones((3, 2), ml_dtypes.bfloat16)
-    with pytest.raises(ValueError, match="chip"):
-        gaudi.mme(a, b, chip="gaudi4")
+    with pytest.raises(ValueError, match="unknown MMA model 'gaudi4'"):
+        mpt.mma(a, b, model="gaudi4")
     with pytest.raises(ValueError, match="disagree on K"):
-        gaudi.mme(a, b[:2], chip="gaudi2")
-    with pytest.raises(TypeError, match="c must be float32"):
-        gaudi.mme(a, b, np.zeros((2, 2), np.float16), chip="gaudi2")
+        mpt.mma(a, b[:2], model="gaudi2")
+    with pytest.raises(ValueError, match="out_format must be one of 'fp32'"):
+        mpt.mma(a, b, np.zeros((2, 2), np.float16), model="gaudi2")
     with pytest.raises(TypeError, match="must hold fp16"):
-        gaudi.mme(a, b, chip="gaudi2", in_format="fp16")
+        mpt.mma(a, b, model="gaudi2", in_format="fp16")
     with pytest.raises(ValueError, match="not gaudi_e4m3_b7_full numbers"):
-        gaudi.mme(np.full((1, 1), 1.1, np.float32), np.ones((1, 1), np.float32), chip="gaudi2",
+        mpt.mma(np.full((1, 1), 1.1, np.float32), np.ones((1, 1), np.float32), model="gaudi2",
                   in_format=E4M3)
-    with pytest.raises(ValueError, match="Gaudi 2 e4m3 takes"):
-        gaudi.mme(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32), chip="gaudi2",
+    with pytest.raises(ValueError, match="does not take inputs"):
+        mpt.mma(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32), model="gaudi2",
                   in_format=gaudi.fp8_format("gaudi3", "e4m3", 8))
 
 
@@ -319,11 +321,11 @@ def test_batches_broadcast():
     b = rng.standard_normal((2, 19, 4)).astype(np.float32).astype(ml_dtypes.bfloat16)
     c = rng.standard_normal((4,)).astype(np.float32)
     for chip in gaudi.CHIPS:
-        d = gaudi.mme(a, b, c, chip=chip)
+        d = mpt.mma(a, b, c, model=chip)
         assert d.shape == (3, 2, 5, 4)
         for i in range(3):
             for j in range(2):
-                one = gaudi.mme(a[i, 0], b[j], np.broadcast_to(c, (5, 4)), chip=chip)
+                one = mpt.mma(a[i, 0], b[j], np.broadcast_to(c, (5, 4)), model=chip)
                 assert np.array_equal(d[i, j].view(np.uint32), one.view(np.uint32))
 
 
@@ -393,8 +395,8 @@ def test_kernels_equal_oracle(chip, fmt, data):
     b = _codes(rng, fb, (k, n), int(rng.integers(0, 1 << eb)), spread)
     c = _codes(rng, "fp32", (m, n), int(rng.integers(0, 256)), spread).astype(np.uint32)
     with_c = data.draw(st.booleans())
-    d = gaudi.mme(_operand(a, fmt), _operand(b, fb), c.view(np.float32) if with_c else None,
-                  chip=chip, in_format=(fmt, fb))
+    d = mpt.mma(_operand(a, fmt), _operand(b, fb), c.view(np.float32) if with_c else None,
+                  model=chip, in_format=(fmt, fb))
     want = mme_reference(a.tolist(), b.tolist(), c.tolist() if with_c else None, chip=chip,
                          fmt=(fmt, fb), n=n)
     assert d.view(np.uint32).tolist() == want
@@ -411,7 +413,7 @@ def test_thread_count_does_not_change_bits():
         for threads in (1, 2):
             numba.set_num_threads(threads)
             try:
-                results.append(gaudi.mme(a, b, chip=chip).view(np.uint32))
+                results.append(mpt.mma(a, b, model=chip).view(np.uint32))
             finally:
                 numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         assert np.array_equal(results[0], results[1])

@@ -1,56 +1,49 @@
-"""Intel Gaudi 2 / Gaudi 3: the MME models, their FP8 formats, output conversion, INC scaling.
+"""L1: Intel Gaudi 2 / Gaudi 3 — the MME models, their FP8 formats, output conversion, INC scaling.
 
 Evidence (each rule below carries one of these labels):
 
 * **reference model** -- Habana's published bit-level model of the matrix engine
   (github HabanaAI/Intel_Gaudi3_Software, ``mme/mme_reference/chip_fma/{gaudi2,gaudi3}_fma.cpp``
   and the ``coral-sim`` FMA trees and converters they call). mpt restates its rules (see
-  :mod:`mpt.reference.mme`) and was checked against that code compiled as an oracle.
-* **documented** -- Intel Neural Compressor's FP8 scale methods (github intel/neural-compressor,
-  ``neural_compressor/torch/algorithms/fp8_quant/_core/fp_utils.py`` and ``scale_methods/``).
-* **assumption** -- what neither fixes; each is a parameter with its choices listed:
-  ``lfsr_polynomial`` and ``lfsr_seeds`` (the hardware's are unpublished), ``log2_rounding`` of
-  INC's scale rounding (:data:`LOG2_ROUNDINGS`), and the K walk of a whole GEMM (the reference
-  walks K of one output from k = 0 in trees; how the hardware splits K across passes or engines,
-  and any reduction in memory, are not modelled: mpt walks all of K at once).
+  :mod:`mpt.reference.mme`) and was checked against that code compiled as an oracle
+  (docs/gaudi.md).
+* **assumption** -- what the reference does not fix; each is a parameter with its choices
+  listed: ``polynomial`` and ``seeds`` of the stochastic-rounding LFSR (the hardware's are
+  unpublished).
 
-**MME** (:func:`mme`): D = A·B + C in FP32, K walked in trees from k = 0, each tree's FP32 result
-the next tree's C (:data:`MME_CONFIGS` holds each chip's tree width, alignment and rounding).
-**FP8 formats** (:func:`fp8_format`): Gaudi 2 E4M3 (bias 3, 7, 11, 15) and E5M2 (bias 15), both
+**MME** (the MMA models ``gaudi2`` and ``gaudi3``: ``mpt.mma(a, b, c, model="gaudi3")``): D =
+A·B + C in FP32, K walked in trees from k = 0, each tree's FP32 result the next tree's C
+(:data:`MME_CONFIGS` holds each chip's tree width, alignment and rounding). How the hardware
+splits K across passes or engines is software around the trees (``mpt.gemm(..., split_k=)``).
+**FP8 formats** (:func:`fp8_format`, names ``gaudi_{e4m3|e5m2}_b{bias}_{full|none|minimal}``
+found by ``mpt.get_format``): Gaudi 2 E4M3 (bias 3, 7, 11, 15) and E5M2 (bias 15), both
 IEEE-like; Gaudi 3 E4M3/E5M2 with any bias 0..63 in three Inf/NaN modes. **Output conversion**
 (:func:`convert`): the TPC/MME converters' seven rounding modes, stochastic rounding fed by a
-Galois LFSR per lane (:func:`lfsr_words`). **Scaling** (:func:`maxabs_hw` and friends): INC's.
+Galois LFSR per lane (:func:`lfsr_words`). Intel Neural Compressor's FP8 scale methods, which
+Gaudi's FP8 recipes use, are software: :mod:`mpt.amp.inc`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from mpt.formats import Format, custom_format, get_format
+from mpt.engines.model import MMAConfig, MMAModel, register_model
+from mpt.engines.operands import Operands, register_kind, values32
+from mpt.formats import Format, custom_format, get_format, register_format_names
 from mpt.kernels import mme as _mme
-from mpt.kernels.mma import threads_for
 from mpt.kernels.random import lfsr_fill
-from mpt.mma import _batched, _canonical_nan
-from mpt.rounding import decode as _decode
 from mpt.rounding import round as _round
 
 __all__ = [
-    "CHIPS", "EVIDENCE", "FP8_MODES", "GAUDI2_FP8_BIASES", "fp8_format", "fp8_params",
-    "MMEConfig", "MME_CONFIGS", "mme_config", "GaudiOperands", "mme",
+    "CHIPS", "FP8_MODES", "GAUDI2_FP8_BIASES", "fp8_format", "fp8_params",
+    "MMEConfig", "MME_CONFIGS", "mme_config", "GaudiOperands", "MODELS",
     "CONVERSION_MODES", "DEFAULT_LFSR_POLYNOMIAL", "LFSR_LANES", "default_lfsr_seeds",
     "lfsr_words", "convert",
-    "INC_BACKOFFS", "INC_SCALE_METHODS", "LOG2_ROUNDINGS", "fullscale", "hw_aligned_scales",
-    "round_scale", "scale_from_maxabs", "maxabs", "maxabs_hw", "maxabs_pow2", "unit_scale",
-    "describe",
 ]
 
 CHIPS = ("gaudi2", "gaudi3")
-#: Evidence label of each part, for mpt.mma_models() and the targets table.
-EVIDENCE = {"mme": "reference model", "fp8_formats": "reference model",
-            "conversion": "reference model", "lfsr_polynomial": "assumption",
-            "lfsr_seeds": "assumption", "k_walk": "assumption", "scaling": "documented",
-            "log2_rounding": "assumption"}
 
 
 def _chip(chip) -> str:
@@ -111,6 +104,20 @@ def fp8_params(fmt) -> tuple[str, int, str]:
                     return kind, fmt.bias, mode
     raise ValueError(f"format {fmt.name} is not a Gaudi FP8 format (E4M3/E5M2 with Inf/NaN mode "
                      "full, none or minimal)")
+
+
+_NAME = re.compile(r"gaudi_(e4m3|e5m2)_b(0|[1-9][0-9]?)_(full|none|minimal)")
+
+
+def _resolve(name: str):
+    """The Gaudi FP8 format of a name ``gaudi_{kind}_b{bias}_{mode}`` (bias 0..63), or None."""
+    found = _NAME.fullmatch(name)
+    if found is None or int(found.group(2)) not in _GAUDI3_BIASES:
+        return None
+    return fp8_format("gaudi3", found.group(1), int(found.group(2)), found.group(3))
+
+
+register_format_names(_resolve, "Gaudi FP8: gaudi_{e4m3|e5m2}_b{0..63}_{full|none|minimal}")
 
 
 # ---- the MME (reference model) ----------------------------------------------------------------
@@ -194,46 +201,6 @@ def _family(fmt: Format) -> str:
     return "fp8"
 
 
-def _operand_formats(chip, a, b, in_format):
-    """(Format of a, Format of b, config), checked against the arrays and the chip's rules."""
-    if in_format is None:
-        try:
-            fa, fb = get_format(a.dtype), get_format(b.dtype)
-        except ValueError as exc:
-            raise TypeError(f"a, b dtypes {a.dtype}, {b.dtype}: {exc}") from None
-    elif isinstance(in_format, (tuple, list)) and len(in_format) == 2:
-        fa, fb = get_format(in_format[0]), get_format(in_format[1])
-    else:
-        fa = fb = get_format(in_format)
-    fam_a, fam_b = _family(fa), _family(fb)
-    if fam_a != fam_b:
-        raise ValueError(f"a ({fa.name}) and b ({fb.name}) must be of one operand family")
-    for arg, x, f in (("a", a, fa), ("b", b, fb)):
-        if x.dtype != f.dtype:
-            raise TypeError(f"{arg} must hold {f.name} values as {np.dtype(f.dtype)}; "
-                            f"got {x.dtype}")
-    if fam_a == "fp8":
-        (ka, ba, ma), (kb, bb, mb) = fp8_params(fa), fp8_params(fb)
-        fp8_format(chip, ka, ba, ma), fp8_format(chip, kb, bb, mb)   # the chip's rules
-        if chip == "gaudi2" and ka != kb:
-            raise ValueError("Gaudi 2 does not mix E4M3 and E5M2 operands (Gaudi 3 does)")
-    return fa, fb, mme_config(chip, fam_a)
-
-
-def _values32(x, fmt: Format) -> np.ndarray:
-    """float32 values of an operand; a float32-stored format must hold exact values of it."""
-    if np.dtype(fmt.dtype) != np.float32 or fmt.name in ("fp32", "tf32"):
-        return np.ascontiguousarray(_decode(x) if x.dtype != np.float32 else x, np.float32)
-    x = np.ascontiguousarray(x, np.float32)
-    with np.errstate(invalid="ignore"):
-        exact = _round(x, fmt)
-    bad = (exact.view(np.uint32) != x.view(np.uint32)) & ~(np.isnan(x) & np.isnan(exact))
-    if bad.any():
-        raise ValueError(f"operand holds values that are not {fmt.name} numbers, e.g. "
-                         f"{x[bad].ravel()[0]!r} (round it with mpt.round first)")
-    return x
-
-
 def _prepared(x32, cfg: MMEConfig) -> np.ndarray:
     """The values the MME multiplies (float32): fp8 widened to fp16 on Gaudi 2, tf32 rounded to
     nearest even, subnormals flushed where the chip flushes them."""
@@ -266,100 +233,90 @@ def _decode_terms(x32, cfg: MMEConfig):
     return pieces, values, nominal
 
 
-class GaudiOperands:
-    """A and B of one product, decoded once for one chip's MME: ``chain(acc, k0, k1)`` runs it.
+@register_kind("mme")
+class GaudiOperands(Operands):
+    """A and B of one product decoded once for one chip's MME (the kind of ``gaudi2`` and
+    ``gaudi3``): the chip's input conversion (fp8 widened to fp16 on Gaudi 2, tf32 rounded RNE,
+    subnormal flushes) and each operand's pieces, values and nominal powers of two for
+    :mod:`mpt.kernels.mme`. The accumulator is FP32; Gaudi 2 returns every output ``+ 0``
+    (the reference's final RNE add: -0 becomes +0); NaN is 0x7FFFFFFF."""
 
-    The interface of ``mpt.mma``'s operands: ``new_acc(c)`` (an FP32 accumulator holding c or
-    +0, shape (B, M, N)), ``chain(acc, k0, k1)`` (trees over k in [k0, k1), in place; k0 a
-    multiple of ``block``), ``values(acc)`` (D as (B, M, N) float32: Gaudi 2's final RNE ``+ 0``
-    and the canonical NaN 0x7FFFFFFF applied), ``block`` (the tree width), ``work``.
-    """
+    acc_dtype = np.float32
 
-    def __init__(self, chip, a32, b32, cfg: MMEConfig, batch):
-        self.chip, self.cfg, self.block = chip, cfg, cfg.width
-        self.m, self.k, self.n = a32.shape[-2], a32.shape[-1], b32.shape[-1]
-        a3, self.ia = _batched(_prepared(a32, cfg), batch)
-        b3, self.ib = _batched(_prepared(b32, cfg), batch)
-        self.a, self.b = _decode_terms(a3, cfg), _decode_terms(b3, cfg)
-        self.pair_a = np.array([p for p, _ in cfg.pairs], np.int64)
-        self.pair_b = np.array([r for _, r in cfg.pairs], np.int64)
+    @classmethod
+    def check_config(cls, cfg):
+        """``params`` name a chip and family of :data:`MME_CONFIGS`, whose width and F the
+        configuration repeats; one fp32 output."""
+        mme = mme_config(cfg.param("chip"), cfg.param("family"))
+        if (cfg.block, cfg.fraction_bits) != (mme.width, mme.fraction_bits):
+            raise ValueError(f"block and fraction_bits must be the MME's {mme.width} and "
+                             f"{mme.fraction_bits}; got {cfg.block} and {cfg.fraction_bits}")
+        if [o[0] for o in cfg.outputs] != ["fp32"]:
+            raise ValueError(f"the MME has one fp32 output; got {cfg.outputs!r}")
 
-    @property
-    def batch_size(self):
-        return self.ia.size
+    @classmethod
+    def accepts(cls, cfg, fmt):
+        """The fp8 family takes every Gaudi FP8 format the chip allows (:func:`fp8_format`)."""
+        if cfg.param("family") != "fp8" or fmt in cfg.inputs:
+            return fmt in cfg.inputs
+        try:
+            fp8_format(cfg.param("chip"), *fp8_params(fmt))
+        except ValueError:
+            return False
+        return True
 
-    @property
-    def work(self):
-        """Products in the whole call (B·M·N·K)."""
-        return self.batch_size * self.m * self.n * self.k
+    @staticmethod
+    def decode(x, fmt):
+        """Float32 values; tf32 operands keep their fp32 pattern (the MME rounds it RNE)."""
+        return values32(x, "fp32") if fmt == "tf32" else Operands.decode(x, fmt)
 
-    def new_acc(self, c=None):
-        acc = np.zeros((self.batch_size, self.m, self.n), np.float32)
-        if c is not None:
-            acc[...] = c
-        return acc
+    def prepare(self):
+        mme = self.mme = mme_config(self.cfg.param("chip"), self.cfg.param("family"))
+        if mme.chip == "gaudi2" and mme.family == "fp8" and \
+                fp8_params(self.formats[0])[0] != fp8_params(self.formats[1])[0]:
+            raise ValueError(f"Gaudi 2 does not mix E4M3 and E5M2 operands (Gaudi 3 does); got "
+                             f"{self.formats[0]} and {self.formats[1]}")
+        self.a = _decode_terms(_prepared(self.a, mme), mme)     # (P, Ba, M, K), (Ba, M, K) x2
+        self.b = _decode_terms(_prepared(self.b, mme), mme)     # (P, Bb, K, N), (Bb, K, N) x2
+        self.pair_a = np.array([p for p, _ in mme.pairs], np.int64)
+        self.pair_b = np.array([r for _, r in mme.pairs], np.int64)
 
     def chain(self, acc, k0, k1):
-        if k0 % self.block:
-            raise ValueError(f"k0 must be a multiple of the tree width {self.block}; got {k0}")
         (va, wa, na), (vb, wb, nb) = self.a, self.b
-        args = (va, wa, na, vb, wb, nb, acc, self.ia, self.ib, k0, k1, self.block, self.pair_a,
-                self.pair_b)
-        with threads_for(self.work):
-            if self.chip == "gaudi2":
-                _mme.gaudi2_chain(*args, self.cfg.fraction_bits, self.cfg.normalised)
-            else:
-                _mme.gaudi3_chain(*args)
+        args = (va, wa, na, vb, wb, nb, acc, self.ia, self.ib, k0, k1, self.mme.width,
+                self.pair_a, self.pair_b)
+        if self.mme.chip == "gaudi2":
+            _mme.gaudi2_chain(*args, self.mme.fraction_bits, self.mme.normalised)
+        else:
+            _mme.gaudi3_chain(*args)
 
     def values(self, acc):
-        d = acc + np.float32(0) if self.chip == "gaudi2" else acc.copy()   # H3-2134: -0 -> +0
-        return _canonical_nan(d)
+        return acc + np.float32(0) if self.mme.chip == "gaudi2" else acc.copy()  # H3-2134
 
 
-def mme(a, b, c=None, *, chip, in_format=None):
-    """D = A·B + C on a Gaudi MME, bit for bit as Habana's reference model (FP32 result).
+#: The usual FP8 formats of each chip's fp8 configuration (any other Gaudi FP8 format the chip
+#: allows is accepted too: :meth:`GaudiOperands.accepts`).
+_FP8_INPUTS = {"gaudi2": ("gaudi_e4m3_b7_full", "fp8_e5m2"),
+               "gaudi3": ("fp8_e4m3fn", "gaudi_e4m3_b7_full", "gaudi_e4m3_b7_none", "fp8_e5m2")}
 
-    a: (..., M, K), b: (..., K, N): arrays of the operand format's dtype -- float16, bfloat16,
-    float32 (fp32; or tf32 with ``in_format="tf32"``: the MME rounds fp32 to tf32, RNE), FP8 as
-    ``float8_e4m3fn``/``float8_e5m2`` or as float32 values of a :func:`fp8_format`.
-    ``in_format``: None (from the dtypes), a format, or a pair (format of a, format of b): Gaudi 3
-    mixes E4M3 and E5M2 and any biases/modes; Gaudi 2 takes one kind, biases may differ.
-    c: (..., M, N) float32 or None (+0); batch dimensions broadcast.
 
-    Precision contract (:data:`MME_CONFIGS`, oracle :mod:`mpt.reference.mme`): per output, K in
-    trees of the chip's width from k = 0, the last one zero-padded; an FP32 accumulator starts at
-    C and each tree's FP32 result is the next tree's C. Gaudi 2: terms truncated 46 bits (fp8: 24)
-    below the largest, C exact, one RNE rounding, subnormal results flushed, then every output +0
-    (so -0 is +0). Gaudi 3: terms and C truncated 24 bits below the largest (at least 2^-132),
-    RZ, ±Inf from 2^128, zeros +0. NaN is 0x7FFFFFFF. The K walk beyond one output's trees
-    (passes, engines) is an assumption: this is all of K in one walk.
-    """
-    chip = _chip(chip)
-    a, b = np.asarray(a), np.asarray(b)
-    for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
-        if x.ndim < 2:
-            raise ValueError(f"{arg} must have shape {dims}; got shape {x.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
-    fa, fb, cfg = _operand_formats(chip, a, b, in_format)
-    m, n = a.shape[-2], b.shape[-1]
-    dims = [a.shape[:-2], b.shape[:-2]]
-    if c is not None:
-        c = np.asarray(c)
-        if c.dtype != np.float32:
-            raise TypeError(f"c must be float32 (the FP32 accumulator); got {c.dtype}")
-        dims.append(c.shape[:-2] if c.ndim >= 2 else ())
-    try:
-        batch = np.broadcast_shapes(*dims)
-        c3 = None if c is None else np.broadcast_to(c, batch + (m, n)).reshape((-1, m, n))
-    except ValueError:
-        raise ValueError(f"batch dimensions of a {a.shape}, b {b.shape}"
-                         + ("" if c is None else f", c {c.shape}") + " do not broadcast") from None
-    ops = GaudiOperands(chip, _values32(a, fa), _values32(b, fb), cfg, batch)
-    acc = ops.new_acc(c3)
-    with np.errstate(over="ignore", invalid="ignore"):
-        ops.chain(acc, 0, ops.k)
-        return ops.values(acc).reshape(batch + (m, n))
+def _mma_config(mme: MMEConfig) -> MMAConfig:
+    inputs = _FP8_INPUTS[mme.chip] if mme.family == "fp8" else (mme.family,)
+    rounding = "rne_fp32" if mme.rounding == "rne_flush" else "rz_fp32"
+    return MMAConfig(inputs, f"MME {mme.family} tree: {mme.note}", mme.width, mme.fraction_bits,
+                     (("fp32", rounding, None),), evidence="reference model",
+                     params=(("chip", mme.chip), ("family", mme.family)))
+
+
+#: The registered MMA models ``gaudi2`` and ``gaudi3`` (Habana's reference model).
+MODELS = tuple(register_model(MMAModel(
+    chip, "mme", description, tuple(_mma_config(c) for (ch, _), c in MME_CONFIGS.items()
+                                    if ch == chip)))
+    for chip, description in (
+        ("gaudi2", "Intel Gaudi 2 matrix engine (MME): trees of products truncated 46 bits (fp8: "
+         "24) below the largest, C exact, RNE, subnormal results flushed"),
+        ("gaudi3", "Intel Gaudi 3 matrix engine (MME): the 9-term step, products and C truncated "
+         "24 bits below the largest, RZ")))
 
 
 # ---- output conversion (reference model: fp32_to_bf16 / fp32_to_cfp16 / fp32_to_fp8) ----------
@@ -469,177 +426,3 @@ def _gaudi_nan(out, x, fmt):
         if mode != "minimal":                # ("minimal" keeps the sign: 0x7F / 0xFF)
             out = np.where(nan, np.float32(fmt.max if mode == "none" else np.nan), out)
     return out
-
-
-# ---- scaling (documented: Intel Neural Compressor, fp8_quant) ---------------------------------
-
-#: INC's backoffs of MAXABS_HW / MAXABS_POW2 (scale_method_config.py): weights 0.5, activations
-#: 0.25 (so the largest value lands at half / a quarter of the FP8 range).
-INC_BACKOFFS = {"weight": 0.5, "activation": 0.25}
-#: INC's scale methods (scale_method_config.py) for weights and activations:
-#: (granularity "tensor" | "channel", rounding, backoff).
-INC_SCALE_METHODS = {
-    "unit_scale": {"weight": ("tensor", "unit", 1.0), "activation": ("tensor", "unit", 1.0)},
-    "maxabs_hw": {"weight": ("tensor", "hw_aligned", 0.5),
-                  "activation": ("tensor", "hw_aligned", 0.25)},
-    "maxabs_pow2": {"weight": ("tensor", "pow2", 0.5), "activation": ("tensor", "pow2", 0.25)},
-    "maxabs_arbitrary": {"weight": ("tensor", "identity", 0.5),
-                         "activation": ("tensor", "identity", 0.25)},
-    "act_maxabs_hw_weights_pcs_maxabs_pow2": {"weight": ("channel", "pow2", 0.5),
-                                              "activation": ("tensor", "hw_aligned", 0.25)},
-    "act_maxabs_pow2_weights_pcs_maxabs_pow2": {"weight": ("channel", "pow2", 0.5),
-                                                "activation": ("tensor", "pow2", 0.25)},
-    "act_maxabs_pcs_pow2_weight_maxabs_pts_pow2_hw": {"weight": ("tensor", "hw_aligned", 0.5),
-                                                      "activation": ("channel", "pow2", 1.0)},
-}
-# INC's EXP_BIAS_SETS (fp_utils.py): the biases whose scales are "hardware aligned". Gaudi 3's
-# is range(0, 63), which stops at 62 although the bias field reaches 63.
-_INC_BIAS_SETS = {"gaudi2": {"e4m3": (3, 7, 11, 15), "e5m2": (15,)},
-                  "gaudi3": {"e4m3": tuple(range(0, 63)), "e5m2": tuple(range(0, 63))}}
-_INC_SCALE_STEP = {"gaudi2": 4, "gaudi3": 1}   # DEVICES_SCALE_FACTORS: powers of 16 / of 2
-_F32 = np.float32
-
-
-def fullscale(chip, kind="e4m3", bias=None) -> float:
-    """INC's ``get_fullscale``: the FP8 range a scale maps maxabs onto.
-
-    Gaudi 2 E4M3: 240 (INC takes torch's float8_e4m3fnuz max, equal to Gaudi 2's IEEE-like E4M3
-    at bias 7); Gaudi 3 E4M3: 448 (float8_e4m3fn); E5M2: 57344. At another exponent bias b the
-    range is multiplied by 2^(default bias - b).
-    """
-    _chip(chip)
-    base = {("gaudi2", "e4m3"): 240.0, ("gaudi3", "e4m3"): 448.0}.get((chip, kind), 57344.0)
-    if kind not in _FP8_LAYOUTS:
-        raise ValueError(f"kind must be 'e4m3' or 'e5m2'; got {kind!r}")
-    default = _DEFAULT_BIAS[kind]
-    return base * 2.0 ** (default - (default if bias is None else bias))
-
-
-def hw_aligned_scales(chip, kind="e4m3") -> tuple[float, ...]:
-    """INC's ``get_fp8_hw_alligned_scales``: fullscale(bias)/fullscale(default) = 2^(7 - bias)
-    over the chip's bias set -- Gaudi 2 E4M3: 16, 1, 1/16, 1/256 (powers of 16 in [16^-2, 16]);
-    Gaudi 3: 2^7 down to 2^-55 (biases 0..62)."""
-    return tuple(fullscale(chip, kind, b) / fullscale(chip, kind)
-                 for b in _INC_BIAS_SETS[_chip(chip)][kind])
-
-
-#: Assumption ``log2_rounding`` of the scale rounding: INC evaluates torch.log2 in its hp_dtype;
-#: "exact" takes ceil(log2 s) of the float32 scale exactly, "float32" rounds log2(s) to the
-#: nearest float32 first (torch.log2 on float32, taken as correctly rounded), which gives one
-#: power of two less when s lies just above a power of two (s = 16·(1 + 2^-23): 16, not 32).
-LOG2_ROUNDINGS = ("exact", "float32")
-
-
-def _pow2_ceil(s: np.ndarray, log2_rounding: str) -> np.ndarray:
-    """2^ceil(log2 s) of float32 s (INC's ScaleToPow2: torch.exp2(torch.ceil(torch.log2(s))));
-    0 gives 0, inf inf, NaN NaN."""
-    if log2_rounding not in LOG2_ROUNDINGS:
-        raise ValueError(f"log2_rounding must be one of {LOG2_ROUNDINGS}; got {log2_rounding!r}")
-    s64 = s.astype(np.float64)
-    m, e = np.frexp(s64)
-    e = np.where(m == 0.5, e - 1, e)                          # exact ceil(log2 s)
-    if log2_rounding == "float32":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            e = np.ceil(np.log2(s64).astype(_F32)).astype(np.float64)
-    finite = np.isfinite(s) & (s > 0)
-    with np.errstate(over="ignore"):
-        p = np.ldexp(1.0, np.where(finite, e, 0).astype(np.int64)).astype(_F32)
-    return np.where(finite, p, s).astype(_F32)
-
-
-def round_scale(scale, *, chip, method, kind="e4m3", log2_rounding="exact"):
-    """INC's scale rounding (round_scales_function.py) of float32 scales (a float32 scalar for
-    a scalar, else an array).
-
-    "identity": unchanged. "pow2": 2^ceil(log2 s). "unit": 1. "hw_aligned": pow2, then up to a
-    power of 2^step (step 4 on Gaudi 2: powers of 16; 1 on Gaudi 3), clamped to
-    [min, max] of :func:`hw_aligned_scales` (INC uses the E4M3 set for every FP8 kind): 0 gives
-    the minimum, inf the maximum, NaN stays NaN. ``log2_rounding``: :data:`LOG2_ROUNDINGS`.
-    """
-    s = np.asarray(scale, dtype=_F32)
-    if method not in ("identity", "unit", "pow2", "hw_aligned"):
-        raise ValueError("method must be 'identity', 'pow2', 'hw_aligned' or 'unit'; "
-                         f"got {method!r}")
-    if method == "identity":
-        out = s
-    elif method == "unit":
-        out = np.ones_like(s)
-    else:
-        out = _pow2_ceil(s, log2_rounding)
-    if method == "hw_aligned":
-        step = _INC_SCALE_STEP[_chip(chip)]
-        allowed = hw_aligned_scales(chip, "e4m3")
-        finite = np.isfinite(out) & (out > 0)
-        e = np.frexp(np.where(finite, out, 1).astype(np.float64))[1] - 1   # log2 of the power
-        aligned = np.where(finite, np.ldexp(1.0, -(-e // step) * step), out)  # 2^(⌈e/step⌉·step)
-        out = np.clip(aligned, min(allowed), max(allowed))
-    return np.asarray(out, _F32)[()]
-
-
-def maxabs(x, axis=None) -> np.ndarray:
-    """max|x| in float32: of the tensor (axis None), or per channel along ``axis`` (the max over
-    every other axis, shape (x.shape[axis],)). NaN propagates."""
-    x = np.asarray(x)
-    x = _decode(x) if x.dtype not in (np.float32, np.float64) else x.astype(_F32)
-    a = np.abs(x)
-    if axis is None:
-        return _F32(a.max()) if a.size else _F32(0)
-    axis = axis % x.ndim
-    return np.moveaxis(a, axis, 0).reshape(x.shape[axis], -1).max(axis=1).astype(_F32)
-
-
-def scale_from_maxabs(amax, *, chip, method="identity", backoff=1.0, kind="e4m3",
-                      log2_rounding="exact"):
-    """INC's ``calc_maxabs_scale`` then the rounding: s = f32(maxabs / f32(fullscale·backoff)),
-    rounded by :func:`round_scale`. x quantizes as round_fp8(x / s) and dequantizes as q·s."""
-    denom = _F32(fullscale(chip, kind) * backoff)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        s = np.asarray(amax, dtype=_F32) / denom
-    return round_scale(s, chip=chip, method=method, kind=kind, log2_rounding=log2_rounding)
-
-
-def _role(role):
-    if role not in INC_BACKOFFS:
-        raise ValueError(f"role must be 'weight' or 'activation'; got {role!r}")
-    return INC_BACKOFFS[role]
-
-
-def maxabs_hw(x, *, chip, role, axis=None, kind="e4m3", log2_rounding="exact"):
-    """INC's MAXABS_HW scale (float32): maxabs/(fullscale·backoff), backoff 0.5 (weights) or 0.25
-    (activations), rounded up to a power of two and then into the chip's hardware-aligned set
-    (:func:`round_scale` "hw_aligned"). Per tensor; ``axis`` gives the per-channel variant."""
-    return scale_from_maxabs(maxabs(x, axis), chip=chip, method="hw_aligned",
-                             backoff=_role(role), kind=kind, log2_rounding=log2_rounding)
-
-
-def maxabs_pow2(x, *, chip, role, axis=None, kind="e4m3", log2_rounding="exact"):
-    """INC's MAXABS_POW2 scale (float32): as :func:`maxabs_hw` without the hardware alignment
-    (scale_method_config.py; the PCS variants use ``axis``)."""
-    return scale_from_maxabs(maxabs(x, axis), chip=chip, method="pow2", backoff=_role(role),
-                             kind=kind, log2_rounding=log2_rounding)
-
-
-def unit_scale(x, *, axis=None):
-    """INC's UNIT_SCALE: 1.0 per tensor, or per channel along ``axis`` (float32)."""
-    x = np.asarray(x)
-    return _F32(1) if axis is None else np.ones(x.shape[axis % x.ndim], _F32)
-
-
-def describe(chip) -> dict:
-    """The chip's models, formats, conversion rules and assumptions as a JSON-ready dict."""
-    chip = _chip(chip)
-    return {
-        "chip": chip, "evidence": dict(EVIDENCE),
-        "mme": {f: {"width": c.width, "fraction_bits": c.fraction_bits, "rounding": c.rounding,
-                    "note": c.note} for (ch, f), c in MME_CONFIGS.items() if ch == chip},
-        "fp8": {"e4m3_biases": list(GAUDI2_FP8_BIASES["e4m3"]) if chip == "gaudi2" else "0..63",
-                "modes": ["full"] if chip == "gaudi2" else list(FP8_MODES)},
-        "conversion": {"modes": list(CONVERSION_MODES), "overflow": "ieee (mpt.round, no "
-                       "saturate); clip=True saturates", "lfsr_lanes": dict(LFSR_LANES)},
-        "assumptions": {"lfsr_polynomial": hex(DEFAULT_LFSR_POLYNOMIAL),
-                        "lfsr_seeds": "lane i starts at i + 2",
-                        "k_walk": "all of K in one walk of trees from k = 0",
-                        "log2_rounding": "exact (INC: torch.log2 in its hp_dtype)"},
-        "scaling": {"methods": list(INC_SCALE_METHODS), "hw_aligned_scales":
-                    [min(hw_aligned_scales(chip)), max(hw_aligned_scales(chip))]},
-    }

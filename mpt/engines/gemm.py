@@ -23,7 +23,7 @@ from mpt import rounding as _rounding
 from mpt._checks import check_int
 from mpt.engines.model import get_mma_model
 from mpt.engines.operands import operands_class, tiles
-from mpt.formats import get_format
+from mpt.formats import Format, get_format
 from mpt.kernels import mma as _mma
 from mpt.kernels.fma import fma_array
 
@@ -40,11 +40,11 @@ def _input_formats(a, b, in_format) -> list[str]:
             except ValueError:
                 raise TypeError(f"{arg} has dtype {x.dtype}, which stores no mpt format") from None
     elif isinstance(in_format, (tuple, list)) and len(in_format) == 2:
-        names = [get_format(f).name for f in in_format]
-    elif isinstance(in_format, str):
-        names = [get_format(in_format).name] * 2
+        names = [_named(f) for f in in_format]
+    elif isinstance(in_format, (str, Format)):
+        names = [_named(in_format)] * 2
     else:
-        raise TypeError("in_format must be None, a format name or a pair of names; "
+        raise TypeError("in_format must be None, a format (name or Format) or a pair of them; "
                         f"got {in_format!r}")
     for arg, x, name in (("a", a, names[0]), ("b", b, names[1])):
         if x.dtype != get_format(name).dtype:
@@ -53,10 +53,29 @@ def _input_formats(a, b, in_format) -> list[str]:
     return names
 
 
-def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None):
+def _named(fmt) -> str:
+    """The name of a format, which :func:`get_format` must find again (a custom format from
+    ``mpt.custom_format`` must belong to a registered family: ``mpt.formats.register_format_names``;
+    Gaudi's FP8 and Trainium's cFP8 formats do)."""
+    found = get_format(fmt)
+    try:
+        again = get_format(found.name)
+    except ValueError:
+        again = None
+    if again != found:
+        raise ValueError(f"in_format {found.name!r} is a custom format that mpt.get_format does "
+                         f"not find by name; use a registered family (e.g. "
+                         f"mpt.engines.gaudi.fp8_format, mpt.engines.trainium.cfp8_format)")
+    return found.name
+
+
+def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None,
+             software=False):
     """Validate the arguments shared by mma and gemm; returns (operands, c as (B, M, N), shape).
     ``scales``: None or (scale_a, scale_b) block scales for the instruction (kinds that take
-    them check them); ``options``: the model's keyword options."""
+    them check them); ``options``: the model's keyword options; ``software``: whether the
+    caller is :func:`gemm`, which alone runs a configuration that composes instructions in
+    software (``params`` ``("software", True)``: a TPU f32 dot's bf16 passes)."""
     model = get_mma_model(model)
     a, b = np.asarray(a), np.asarray(b)
     for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
@@ -66,6 +85,9 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
         raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
     fa, fb = _input_formats(a, b, in_format)
     cfg = model.config(fa, fb, variant)
+    if cfg.param("software") and not software:
+        raise ValueError(f"model {model.name!r} runs {fa}/{fb} inputs as software around its "
+                         f"instructions ({cfg.instruction}): call mpt.gemm, not mpt.mma")
     if out_format is None:   # from c: fp16, or fp64 where the model has an fp64 output; else fp32
         kind = np.asarray(c).dtype if c is not None else None
         fp64 = kind == np.float64 and any(o[0] == "fp64" for o in cfg.outputs)
@@ -219,7 +241,8 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
     if accumulate == "fp16" and (split_k != 1 or promote_every is not None or scaled):
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
-    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, options=options)
+    ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, options=options,
+                              software=True)
     unit = promote_every or ops.unit
     if promote_every is not None and promote_every % ops.unit:
         raise ValueError(f"promote_every must be a multiple of the model's block of {ops.unit} "

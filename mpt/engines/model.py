@@ -174,7 +174,9 @@ class MMAModel:
     def config(self, a_format: str, b_format: str, variant: str | None = None) -> MMAConfig:
         """The configuration for these input formats (and instruction variant; None: the
         ``"default"`` one, else the only one); ValueError naming the supported ones."""
-        found = [cfg for cfg in self.configs if a_format in cfg.inputs and b_format in cfg.inputs]
+        kind = operands_class(self.kind)
+        found = [cfg for cfg in self.configs
+                 if kind.accepts(cfg, a_format) and kind.accepts(cfg, b_format)]
         if not found:
             groups = "; ".join(dict.fromkeys("/".join(cfg.inputs) for cfg in self.configs))
             raise ValueError(f"model {self.name!r} does not take inputs ({a_format}, {b_format}); "

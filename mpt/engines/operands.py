@@ -23,6 +23,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
+from mpt.rounding import round as _round
 
 __all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "values32",
            "decoded", "batched", "tiles", "transposed", "output_params", "emin_pow2"]
@@ -56,10 +57,19 @@ def values32(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
-    """The exact values of an operand: float64 for fp64, else float32 (:func:`values32`)."""
+    """The exact values of an operand: float64 for fp64, else float32 (:func:`values32`). A
+    custom format (float32 storage) must hold numbers of that format: ValueError otherwise."""
     if fmt == "fp64":
         return np.ascontiguousarray(x, dtype=np.float64)
-    return values32(x, fmt)
+    x32 = values32(x, fmt)
+    if get_format(fmt).custom:
+        with np.errstate(over="ignore", invalid="ignore"):
+            on_grid = _round(x32, fmt).view(np.uint32) == x32.view(np.uint32)
+        bad = ~on_grid & ~np.isnan(x32)
+        if bad.any():
+            raise ValueError(f"operand holds values that are not {fmt} numbers, e.g. "
+                             f"{x32[bad].ravel()[0]!r} (round them first: mpt.round(x, fmt))")
+    return x32
 
 
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -98,6 +108,13 @@ class Operands:
     SCALES = False
 
     @classmethod
+    def accepts(cls, cfg, fmt: str) -> bool:
+        """Whether configuration ``cfg`` takes A or B operands of format ``fmt`` (a name): one of
+        its ``inputs``. A kind whose formats form a parametrised family (Gaudi's FP8 biases,
+        Trainium's cFP8 flavours) overrides it; ``inputs`` then lists the family's usual ones."""
+        return fmt in cfg.inputs
+
+    @classmethod
     def check_config(cls, cfg) -> None:
         """Refuse a configuration whose parameters this kind's kernels cannot run exactly
         (ValueError naming the parameter). Subclasses override it."""
@@ -116,9 +133,15 @@ class Operands:
         self.formats, self.out_format = tuple(formats), out_format
         self.m, self.k, self.n = a.shape[-2], a.shape[-1], b.shape[-1]
         self.batch = batch
-        self.a, self.ia = batched(decoded(a, formats[0]), batch)      # (Ba, M, K)
-        self.b, self.ib = batched(decoded(b, formats[1]), batch)      # (Bb, K, N)
+        self.a, self.ia = batched(self.decode(a, formats[0]), batch)  # (Ba, M, K)
+        self.b, self.ib = batched(self.decode(b, formats[1]), batch)  # (Bb, K, N)
         self.prepare()
+
+    @staticmethod
+    def decode(x: np.ndarray, fmt: str) -> np.ndarray:
+        """An operand's values as the kind reads them (default :func:`decoded`: tf32 drops the
+        low 13 bits of the fp32 pattern, as a Tensor Core reads it)."""
+        return decoded(x, fmt)
 
     def prepare(self) -> None:
         """Decode ``self.a``/``self.b`` further for the kernels (default: keep float32)."""

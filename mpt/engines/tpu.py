@@ -1,4 +1,14 @@
-"""Google TPU matmuls: XLA's bf16 pass algorithms around an assumed inner pass (the MXU).
+"""L1: Google TPU matmuls — the MMA model ``tpu``: an assumed inner pass (the MXU), and XLA's
+bf16 pass algorithms of an f32 dot around it.
+
+**mma and gemm.** The MXU multiplies bf16 and accumulates in FP32; how it orders and rounds the
+accumulation is undocumented, so one MXU pass is an assumed inner MMA model (``inner``).
+``mpt.mma(a, b, c, model="tpu")`` takes bf16 operands and runs that pass — the instruction.
+An f32 dot is no instruction: XLA compiles it into several bf16 passes and f32 adds, which is
+software, so only ``mpt.gemm(a, b, c, model="tpu", algorithm=..., precision=...)`` takes fp32
+operands (``mpt.mma`` refuses them). Its options: ``algorithm`` / ``precision``,
+``decomposition``, ``inner``, ``conversion``, ``block_k`` (see :class:`TpuOperands`); gemm's
+own ``split_k`` then splits K into separate f32 dots whose results are added in f32.
 
 A TPU multiplies bf16 and accumulates in IEEE FP32 (documented). An f32 dot is computed with one
 or several bf16 passes chosen by JAX's ``DotAlgorithmPreset`` (``precision=``): DEFAULT is 1
@@ -48,17 +58,20 @@ triton-lang/triton). ``conversion`` does not apply to them.
 
 Evidence and parameters (every assumed rule is a parameter):
 
-* pass algorithms — **reference model of XLA's source**; whether the closed TPU compiler splits
-  and orders the passes the same way is an **assumption**: parameter ``decomposition``
-  ("xla" | "triton").
-* inner pass — **assumption** (the MXU's order and internal rounding are undocumented):
-  parameter ``inner``, the name of any mpt MMA model, run by :func:`mpt.gemm` on the pieces;
-  default ``"ieee_fma"`` (sequential IEEE FP32 FMA in increasing k, from the pass's C).
+* pass algorithms — **reference model of XLA's source** (the fp32 configuration); whether the
+  closed TPU compiler splits and orders the passes the same way is an **assumption**:
+  ``decomposition`` ("xla" | "triton"), an :class:`~mpt.engines.model.Assumption` of the model
+  (``MODEL.configure(decomposition="triton")``) and a per-call option.
+* inner pass — **assumption** (the MXU's order and internal rounding are undocumented; the bf16
+  configuration): ``inner``, the name of any mpt MMA model (the assumption lists the bf16
+  models registered before the TPU's; the per-call option takes any model), run on the pieces
+  through its operand class; default ``"ieee_fma"`` (sequential IEEE FP32 FMA in increasing k,
+  from the pass's C).
 * f32 -> bf16 conversion — **documented** (cloud.google.com/tpu/docs/bfloat16, "Format
   conversion details": round to nearest even, overflow to Inf, subnormals flushed to zero, NaN
   and Inf preserved): :func:`tpu_to_bf16`. Whether the flush applies to the f32 input (DAZ) or to
   the rounded result (which only differs for inputs in (2^-126 − 2^-134, 2^-126), rounding up to
-  2^-126) is an **assumption**: parameter ``conversion`` = "tpu" (flush the result, default),
+  2^-126) is an **assumption**: ``conversion`` = "tpu" (flush the result, default),
   "tpu_daz" (flush the input), or "ieee" (no flush: XLA's convert on GPU/CPU). It applies to
   every f32 -> bf16 convert of the algorithm: the operand casts of BF16_BF16_F32, every
   ``RoundToBF16`` of the rewriter (hi and mid are exact there, but flush when subnormal; lo
@@ -75,14 +88,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
 from mpt import rounding as _rounding
-from mpt.formats import get_format
-from mpt.mma import _canonical_nan, _ieee_values, gemm
+from mpt.engines.model import Assumption, MMAConfig, MMAModel, get_mma_model, mma_models, \
+    register_model
+from mpt.engines.operands import Operands, operands_class, register_kind
 
 __all__ = ["ALGORITHMS", "PRECISIONS", "DECOMPOSITIONS", "CONVERSIONS", "TRITON_BLOCK_K",
-           "tpu_to_bf16", "tpu_gemm"]
+           "tpu_to_bf16", "TpuOperands", "MODEL"]
 
 #: f32 -> bf16 conversion rules (see the module docstring).
 CONVERSIONS = ("tpu", "tpu_daz", "ieee")
@@ -164,7 +179,7 @@ def _truncate(x, mask):
 
 def _pieces(x, alg, decomposition, conversion):
     """The pieces (hi, [mid,] lo) of an f32 operand, as arrays the inner pass takes: bfloat16,
-    or float32 read as tf32/fp32 (see ``_dot``)."""
+    or float32 read as tf32 (the inner model drops the low 13 bits) or fp32."""
     if alg.piece == "fp32" or (alg.piece == "tf32" and alg.parts == 1):
         return [x]                       # F32; TF32: the tf32 dot drops the low 13 bits itself
     if alg.piece == "tf32":              # X3: the low piece stays f32, truncated by its tf32 dot
@@ -192,59 +207,7 @@ def _pieces(x, alg, decomposition, conversion):
     return [_to_bf16(p, conversion) for p in parts]
 
 
-# ---- the passes ---------------------------------------------------------------------------------
-
-def _dot(x, y, c, inner, piece):
-    """One inner pass D = X·Y + C by :func:`mpt.gemm` with the model ``inner`` (C None: +0)."""
-    in_format = None if piece == "bf16" else piece
-    return gemm(x, y, c, model=inner, in_format=in_format)
-
-
-def _zero_nan(s):
-    """The rewriter's ReplaceNaNWithZeros: select(inf >= |s|, s, +0): NaN -> +0, Inf kept."""
-    return np.where(np.isnan(s), np.float32(0), s)
-
-
-def _zero_nonfinite(s):
-    """Triton's ZeroNaNs: select(inf > |s|, s, +0): NaN and ±Inf -> +0."""
-    return np.where(np.isfinite(s), s, np.float32(0))
-
-
-def _xla(pa, pb, alg, inner):
-    """The HLO rewriter: full-K passes summed in the source's order, NaN -> 0, + hi·hi."""
-    if not alg.xla:
-        return _dot(pa[0], pb[0], None, inner, alg.piece)
-    low = None
-    for i, j in alg.xla:
-        d = _dot(pa[i], pb[j], None, inner, alg.piece)
-        low = d if low is None else low + d                        # f32 add (RNE)
-    return _zero_nan(low) + _dot(pa[_H], pb[_H], None, inner, alg.piece)
-
-
-def _tile(pa, pb, k0, k1):
-    return [p[..., k0:k1] for p in pa], [p[..., k0:k1, :] for p in pb]
-
-
-def _triton(pa, pb, alg, inner, c, block_k, k):
-    """XLA's Triton GEMM: per K-tile, the passes chained through one accumulator, then added to
-    the outer accumulator (which starts at c or +0)."""
-    acc = c
-    for k0 in range(0, max(k, 1), block_k):
-        ta, tb = _tile(pa, pb, k0, min(k0 + block_k, k))
-        if not alg.triton:                                          # tt.dot(a, b, acc)
-            acc = _dot(ta[0], tb[0], acc, inner, alg.piece)
-            continue
-        r = None                                                    # ZerosLike(acc)
-        for i, j in alg.triton:
-            r = _dot(ta[i], tb[j], r, inner, alg.piece)
-        if alg.piece == "bf16":                                     # no NaN step in F32DotTC
-            r = _zero_nonfinite(r)
-        r = _dot(ta[_H], tb[_H], r, inner, alg.piece)
-        acc = (np.float32(0) if acc is None else acc) + r           # f32 add (RNE), from +0
-    return acc
-
-
-# ---- the public function ------------------------------------------------------------------------
+# ---- the MMA model: the MXU pass, and an f32 dot's pass algorithm around it ----------------------
 
 def _algorithm(algorithm, precision):
     """The algorithm name from ``algorithm`` or ``precision`` (at most one of them)."""
@@ -262,66 +225,175 @@ def _algorithm(algorithm, precision):
     return algorithm
 
 
-def _operand(x, arg):
-    """An f32 operand: float32 as is; bfloat16 or a narrower float format decoded exactly."""
-    x = np.asarray(x)
-    if x.dtype == np.float32:
-        return x
-    try:
-        fmt = get_format(x.dtype)
-    except (TypeError, ValueError):
-        fmt = None
-    if fmt is None or fmt.kind != "float" or fmt.name == "fp64":
-        raise TypeError(f"{arg} must be float32 (or a narrower float format such as bfloat16, "
-                        f"decoded exactly); got dtype {x.dtype}")
-    return _rounding.decode(x)
+def _choice(name, value, choices):
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
 
 
-@_ieee_values
-def tpu_gemm(a, b, c=None, *, algorithm=None, precision=None, decomposition="xla",
-             inner="ieee_fma", conversion="tpu", block_k=None):
-    """D = A·B (+ C) of f32 operands as a TPU runs an f32 dot with a DotAlgorithmPreset.
+_ALGORITHM_OPTIONS = ("algorithm", "precision", "decomposition", "conversion", "block_k")
 
-    a: (..., M, K), b: (..., K, N) float32 (bfloat16 and narrower formats are decoded exactly),
-    batch dimensions broadcast; c: (..., M, N) float32 or None. ``algorithm``: a JAX
-    ``DotAlgorithmPreset`` name (:data:`ALGORITHMS`; default "BF16_BF16_F32"), or ``precision``
-    = "default" / "high" / "highest" (1, 3, 6 bf16 passes: :data:`PRECISIONS`), not both.
-    ``decomposition``: "xla" (HLO rewriter) or "triton" (XLA's Triton lowering, K-tiles of
-    ``block_k``, default :data:`TRITON_BLOCK_K`). ``inner``: the MMA model of each pass
-    (assumption; default "ieee_fma"). ``conversion``: the f32 -> bf16 rule ("tpu", "tpu_daz",
-    "ieee"). The module docstring gives every step and its source.
 
-    c: with "xla" it is added after the dot with one f32 add (an HLO add); with "triton" it is
-    the outer accumulator's initial value. Returns float32 (..., M, N), canonical NaN.
-    Oracle: ``mpt.reference.tpu.tpu_gemm_reference``.
+@register_kind("xla_dot")
+class TpuOperands(Operands):
+    """The ``tpu`` model's operands.
+
+    bf16 inputs (``mpt.mma`` or ``mpt.gemm``): one MXU pass — the inner model (assumption
+    ``inner``) over the operands, FP32 accumulator from C. fp32 inputs (``mpt.gemm`` only: a
+    software composition): the pieces of each operand as the algorithm splits them, and per
+    piece pair the inner model's operands; :meth:`chain` sums or chains the passes as the
+    decomposition says (module docstring). Options: ``inner`` (any MMA model name or
+    :class:`MMAModel`), and for fp32 inputs ``algorithm`` / ``precision``, ``decomposition``,
+    ``conversion``, ``block_k`` (defaults: BF16_BF16_F32 and the model's assumptions in effect).
     """
-    name = _algorithm(algorithm, precision)
-    alg = ALGORITHMS[name]
-    if decomposition not in DECOMPOSITIONS:
-        raise ValueError(f"decomposition must be 'xla' or 'triton'; got {decomposition!r}")
-    if conversion not in CONVERSIONS:
-        raise ValueError(f"conversion must be one of {', '.join(map(repr, CONVERSIONS))}; "
-                         f"got {conversion!r}")
-    if decomposition == "xla" and block_k is not None:
-        raise ValueError("block_k is the Triton lowering's K-tile; decomposition='xla' runs "
-                         "every pass over the whole K")
-    block_k = TRITON_BLOCK_K if block_k is None else block_k
-    if not isinstance(block_k, (int, np.integer)) or isinstance(block_k, bool) or block_k < 1:
-        raise ValueError(f"block_k must be a positive int; got {block_k!r}")
-    a, b = _operand(a, "a"), _operand(b, "b")
-    for arg, x in (("a", a), ("b", b)):
-        if x.ndim < 2:
-            raise ValueError(f"{arg} must have shape (..., M, K) / (..., K, N); got {x.shape}")
-    if c is not None:
-        c = np.asarray(c)
-        if c.dtype != np.float32:
-            raise TypeError(f"c must be float32; got {c.dtype}")
-    pa = _pieces(a, alg, decomposition, conversion)
-    pb = _pieces(b, alg, decomposition, conversion)
-    if decomposition == "xla":
-        d = _xla(pa, pb, alg, inner)
+
+    acc_dtype = np.float32
+    OPTIONS = ("inner",) + _ALGORITHM_OPTIONS
+
+    @classmethod
+    def check_config(cls, cfg):
+        if [o[0] for o in cfg.outputs] != ["fp32"] or cfg.block != 1:
+            raise ValueError(f"a TPU configuration has block 1 (the inner model's) and one fp32 "
+                             f"output; got block {cfg.block}, outputs {cfg.outputs!r}")
+
+    def prepare(self):
+        opts, model = self.options, self.model
+        self.inner = get_mma_model(opts.get("inner", model.choice("inner")))
+        software = bool(self.cfg.param("software"))
+        if not software:
+            extra = sorted(set(opts) & set(_ALGORITHM_OPTIONS))
+            if extra:
+                raise TypeError(f"{', '.join(extra)}: options of an f32 dot's pass algorithm "
+                                f"(fp32 inputs to mpt.gemm); {'/'.join(self.formats)} inputs run "
+                                "one MXU pass")
+            self.alg, self.decomposition = ALGORITHMS["BF16_BF16_F32"], "mxu"
+            pieces = ([self.a.astype(ml_dtypes.bfloat16)], [self.b.astype(ml_dtypes.bfloat16)])
+        else:
+            self.alg = ALGORITHMS[_algorithm(opts.get("algorithm"), opts.get("precision"))]
+            self.decomposition = _choice("decomposition", opts.get(
+                "decomposition", model.choice("decomposition")), DECOMPOSITIONS)
+            conversion = _choice("conversion", opts.get("conversion", model.choice("conversion")),
+                                 CONVERSIONS)
+            pieces = tuple(_pieces(x, self.alg, self.decomposition, conversion)
+                           for x in (self.a, self.b))
+        self._inner_ops(*pieces)
+        self.block_k = self._block_k(opts.get("block_k"))
+
+    def _inner_ops(self, pa, pb):
+        """The inner model's operands of every piece pair a pass uses (batch made explicit)."""
+        fmt = self.alg.piece
+        pairs = set(self.alg.xla) | set(self.alg.triton) | {(0, 0)}
+        kind = operands_class(self.inner.kind)
+        self.passes = {}
+        for i, j in pairs:
+            x, y = pa[i][self.ia], pb[j][self.ib]                   # (B, M, K), (B, K, N)
+            cfg = self.inner.config(fmt, fmt)
+            self.passes[(i, j)] = kind(self.inner, cfg, x, y, (fmt, fmt), "fp32",
+                                       (self.batch_size,))
+
+    def _block_k(self, block_k):
+        inner_unit = self.passes[(0, 0)].unit
+        if self.decomposition != "triton":
+            if block_k is not None:
+                raise ValueError("block_k is the Triton lowering's K-tile; decomposition="
+                                 f"{self.decomposition!r} runs every pass over the whole K")
+            return inner_unit
+        block_k = TRITON_BLOCK_K if block_k is None else block_k
+        if isinstance(block_k, bool) or not isinstance(block_k, (int, np.integer)) or \
+                block_k < 1 or block_k % inner_unit:
+            raise ValueError(f"block_k must be a positive int, a multiple of the inner model's "
+                             f"{inner_unit} products; got {block_k!r}")
+        return int(block_k)
+
+    @property
+    def unit(self) -> int:
+        return self.block_k
+
+    def new_acc(self, c=None):
+        """FP32 (B, M, N) holding c; without c, +0 — or -0 for the rewriter, whose dot has no C
+        (the final ``+ c`` then adds nothing: ``d + (-0) = d``, signed zeros included)."""
+        start = -0.0 if self.decomposition == "xla" else 0.0
+        acc = np.full((self.batch_size, self.m, self.n), start, np.float32)
         if c is not None:
-            d = d + c                                               # f32 add (RNE)
-    else:
-        d = _triton(pa, pb, alg, inner, c, block_k, a.shape[-1])
-    return _canonical_nan(np.ascontiguousarray(d, dtype=np.float32))
+            acc[...] = c
+        return acc
+
+    def _pass(self, ij, k0, k1, c=None):
+        """One inner pass over k in [k0, k1) from c (None: +0): (B, M, N) float32."""
+        ops = self.passes[ij]
+        acc = ops.new_acc(c)
+        ops.chain(acc, k0, k1)
+        return ops.values(acc)
+
+    def chain(self, acc, k0, k1):
+        if self.decomposition == "mxu":                                  # one MXU pass from C
+            acc[...] = self._pass((0, 0), k0, k1, acc)
+            return
+        if self.decomposition == "xla":
+            acc[...] = _xla(self._pass, self.alg, k0, k1) + acc          # f32 add (RNE)
+            return
+        for t0 in range(k0, k1, self.block_k):
+            t1 = min(t0 + self.block_k, k1)
+            if not self.alg.triton:                                      # tt.dot(a, b, acc)
+                acc[...] = self._pass((0, 0), t0, t1, acc)
+                continue
+            r = None                                                     # ZerosLike(acc)
+            for ij in self.alg.triton:
+                r = self._pass(ij, t0, t1, r)
+            if self.alg.piece == "bf16":                                 # no NaN step in F32DotTC
+                r = _zero_nonfinite(r)
+            acc[...] = acc + self._pass((_H, _H), t0, t1, r)             # f32 add (RNE)
+
+
+def _zero_nan(s):
+    """The rewriter's ReplaceNaNWithZeros: select(inf >= |s|, s, +0): NaN -> +0, Inf kept."""
+    return np.where(np.isnan(s), np.float32(0), s)
+
+
+def _zero_nonfinite(s):
+    """Triton's ZeroNaNs: select(inf > |s|, s, +0): NaN and ±Inf -> +0."""
+    return np.where(np.isfinite(s), s, np.float32(0))
+
+
+def _xla(run, alg, k0, k1):
+    """The HLO rewriter on [k0, k1): passes from +0 summed in the source's order, NaN -> 0,
+    + hi·hi (``run(pair, k0, k1)``: one pass)."""
+    if not alg.xla:
+        return run((0, 0), k0, k1)
+    low = None
+    for ij in alg.xla:
+        d = run(ij, k0, k1)
+        low = d if low is None else low + d                              # f32 add (RNE)
+    return _zero_nan(low) + run((_H, _H), k0, k1)
+
+
+def _inner_choices() -> tuple[str, ...]:
+    """The MMA models registered so far that take bf16 inputs with an fp32 output: the named
+    choices of the ``inner`` assumption (any model may be passed as the ``inner`` option)."""
+    first = ("ieee_fma", "ieee_mul_add", "exact")
+    others = [m.name for m in mma_models().values() if m.name not in first and
+              any("bf16" in c.inputs and any(o[0] == "fp32" for o in c.outputs)
+                  for c in m.configs)]
+    return first + tuple(others)
+
+
+#: The registered MMA model ``tpu`` (alias ``tpu-v5e``, ``mxu``).
+MODEL = register_model(MMAModel(
+    "tpu", "xla_dot", "Google TPU MXU: bf16 products accumulated in FP32 (the inner pass, "
+    "assumed); an f32 dot (mpt.gemm) as XLA's bf16 pass algorithm (JAX DotAlgorithmPreset, "
+    "precision=)", (
+        MMAConfig(("bf16",), "one MXU pass: bf16 x bf16 products into an FP32 accumulator, as the "
+                  "inner model computes them", 1, None, (("fp32", "rne_fp32", None),),
+                  evidence="assumption"),
+        MMAConfig(("fp32",), "f32 dot: XLA's pass algorithm (algorithm= / precision=; default "
+                  "BF16_BF16_F32, one pass) over MXU passes - software, mpt.gemm", 1, None,
+                  (("fp32", "rne_fp32", None),), evidence="reference model",
+                  params=(("software", True),)),
+    ), ("tpu-v5e", "mxu"), (
+        Assumption("inner", _inner_choices(), "the accumulation of one MXU pass (undocumented): "
+                   "the MMA model that runs it (sequential IEEE FP32 FMA by default)"),
+        Assumption("decomposition", DECOMPOSITIONS, "how the closed TPU compiler splits and "
+                   "orders an f32 dot's passes: XLA's HLO rewriter or its Triton lowering"),
+        Assumption("conversion", CONVERSIONS, "the f32->bf16 converts of the split: subnormal "
+                   "result flushed (tpu), subnormal input flushed (tpu_daz), or none (ieee)"),
+    )))

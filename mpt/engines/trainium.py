@@ -1,5 +1,6 @@
-"""AWS Trainium (NeuronCore-v2 and later): cFP8 formats, the matmul engine with FP32 PSUM,
-the compiler's auto-cast and the runtime's stochastic rounding — documented, with assumptions.
+"""L1: AWS Trainium (NeuronCore-v2 and later) — cFP8 formats, the MMA model ``trainium`` (the
+matrix engine with FP32 PSUM) and ``trainium_autocast`` (the compiler's ``--auto-cast matmult``
+around it): documented, with assumptions.
 
 What the Neuron documentation fixes (aws-neuron-sdk, read at commit 1db4d74e and later):
 
@@ -33,28 +34,37 @@ What the Neuron documentation fixes (aws-neuron-sdk, read at commit 1db4d74e and
 
 Assumptions (each a parameter; choices listed where it is taken):
 
-* cFP8 special values — :func:`cfp8_format` ``specials`` = "ieee" | "fn" | "none".
-* the order and internal precision inside one 128-deep pass — :func:`trainium_matmul`
-  ``pass_order`` = "sequential_fma" | "sequential_mul_add" | "exact". FP32 operands are taken as
+* cFP8 special values — :func:`cfp8_format` ``specials`` = "ieee" | "fn" | "none" (the names
+  ``cfp8_{e5m2|e4m3|e3m4}[_fn|_none][_bias{b}]`` are found by ``mpt.get_format``).
+* the order and internal precision inside one 128-deep pass — the models' assumption
+  ``pass_order`` = "sequential_fma" | "sequential_mul_add" | "exact"
+  (``get_mma_model("trainium").configure(pass_order="exact")``). FP32 operands are taken as
   exact values (whether the PE array decomposes FP32 is not documented).
-* which roundings stochastic rounding applies to, and its random source — mpt's Philox SR
-  (:func:`neuron_round` ``stochastic_rounding``/``seed``/``stream``).
-* what auto-cast does to the matmul's FP32 result — :func:`auto_cast_matmul` ``result``.
+* what auto-cast does to the matmul's FP32 result — ``trainium_autocast``'s assumption
+  ``auto_cast_result`` = "fp32" | "cast".
+* the random source of stochastic rounding, and which roundings it applies to — a conversion
+  rule of the targets trn1/trn2 (``mpt.targets``): mpt's Philox stream, on every FP32 -> bf16
+  result of an op.
 
-Oracle: ``mpt.reference.trainium`` (the tiling rule one element at a time on exact rationals);
-the formats against ``mpt.reference.rounding`` and ml_dtypes.
+``mpt.mma(a, b, c, model="trainium")`` is the engine: K in passes of ``tile_k`` (option,
+default 128) into PSUM. ``mpt.gemm(a, b, c, model="trainium_autocast")`` takes fp32 operands and
+casts them first, as the compiler does (software: ``mpt.mma`` refuses it). Oracle:
+``mpt.reference.trainium`` (the tiling rule one element at a time on exact rationals); the
+formats against ``mpt.reference.rounding`` and ml_dtypes.
 """
 from __future__ import annotations
+
+import re
 
 import numpy as np
 
 from mpt import rounding as _rounding
-from mpt.formats import Format, custom_format, get_format
-from mpt.mma import _canonical_nan, _ieee_values, gemm
+from mpt.engines.model import Assumption, MMAConfig, MMAModel, get_mma_model, register_model
+from mpt.engines.operands import Operands, operands_class, register_kind
+from mpt.formats import Format, custom_format, get_format, register_format_names
 
 __all__ = ["CFP8_LAYOUTS", "CFP8_SPECIALS", "cfp8_format", "PE_ROWS", "PASS_ORDERS",
-           "trainium_matmul", "AUTO_CAST_MODES", "AUTO_CAST_TYPES", "neuron_round",
-           "auto_cast_matmul"]
+           "AUTO_CAST_TYPES", "TrainiumOperands", "MODELS"]
 
 #: cFP8 layouts of the Neuron data-types page: name -> (exponent bits, mantissa bits).
 CFP8_LAYOUTS = {"e5m2": (5, 2), "e4m3": (4, 3), "e3m4": (3, 4)}
@@ -75,7 +85,9 @@ def cfp8_format(layout, *, specials="ieee", bias=None) -> Format:
     * "none": every code is a finite number (no Inf, no NaN).
 
     ``bias``: "configurable range" — the exponent bias (default 2^(e−1) − 1); documented as
-    configurable, its admissible values are not.
+    configurable, its admissible values are not. The name, ``cfp8_{layout}[_{specials}]
+    [_bias{bias}]`` (the default specials and bias are left out), is found by
+    ``mpt.get_format``.
     """
     if layout not in CFP8_LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(map(repr, CFP8_LAYOUTS))}; "
@@ -84,165 +96,145 @@ def cfp8_format(layout, *, specials="ieee", bias=None) -> Format:
         raise ValueError(f"specials must be one of {', '.join(map(repr, CFP8_SPECIALS))}; "
                          f"got {specials!r}")
     e, m = CFP8_LAYOUTS[layout]
+    default_bias = (1 << (e - 1)) - 1
+    bias = default_bias if bias is None else bias
     name = f"cfp8_{layout}" + ("" if specials == "ieee" else f"_{specials}") \
-        + ("" if bias is None else f"_bias{bias}")
+        + ("" if bias == default_bias else f"_bias{bias}")
     return custom_format(e, m, has_inf=specials == "ieee", nan=specials, bias=bias, name=name)
+
+
+_NAME = re.compile(r"cfp8_(e5m2|e4m3|e3m4)(?:_(fn|none))?(?:_bias(0|[1-9][0-9]*))?")
+
+
+def _resolve(name: str):
+    """The cFP8 format of a name of :func:`cfp8_format`'s, or None."""
+    found = _NAME.fullmatch(name)
+    if found is None:
+        return None
+    layout, specials, bias = found.groups()
+    try:
+        fmt = cfp8_format(layout, specials=specials or "ieee",
+                          bias=None if bias is None else int(bias))
+    except ValueError:                    # a bias outside float32's range
+        return None
+    return fmt if fmt.name == name else None
+
+
+register_format_names(_resolve, "Trainium cFP8: cfp8_{e5m2|e4m3|e3m4}[_fn|_none][_bias{b}]")
 
 
 # ---- the matmul engine --------------------------------------------------------------------------
 
 #: Contraction depth of one nc_matmul: the PE array's 128 rows (partition dimension <= 128).
 PE_ROWS = 128
-#: Inner order / precision of one pass (assumption) -> the mpt MMA model that computes it.
+#: Inner order / precision of one pass (assumption ``pass_order``) -> the mpt MMA model that
+#: computes it.
 PASS_ORDERS = {
     "sequential_fma": "ieee_fma",          # IEEE FP32 FMA per k, increasing k, from +0
     "sequential_mul_add": "ieee_mul_add",  # FP32 product, then FP32 add, per k, from +0
     "exact": "exact",                      # exact dot of the pass, rounded once (RNE) to FP32
 }
-
-
-def _formats(in_format):
-    """(format of a, format of b) from a name, a Format, or a pair of them."""
-    pair = in_format if isinstance(in_format, (tuple, list)) else (in_format, in_format)
-    if len(pair) != 2:
-        raise TypeError(f"in_format must be a format or a pair of formats; got {in_format!r}")
-    formats = tuple(get_format(f) for f in pair)
-    for f in formats:
-        if f.kind != "float" or f.bits > 32:
-            raise ValueError(f"in_format must name float formats up to fp32; got {f.name}")
-    return formats
-
-
-def _values(x, fmt, arg):
-    """The float32 values of operand x, which must hold values of fmt in fmt's dtype."""
-    x = np.asarray(x)
-    if x.dtype != np.dtype(fmt.dtype):
-        raise TypeError(f"{arg} must hold {fmt.name} values as {np.dtype(fmt.dtype)}; "
-                        f"got {x.dtype}")
-    if x.dtype != np.float32:
-        return _rounding.decode(x)
-    if fmt.name != "fp32":                 # tf32 and cFP8: float32 values on the format's grid
-        on_grid = _rounding.round(x, fmt).view(np.uint32) == x.view(np.uint32)
-        if not np.all(on_grid | np.isnan(x)):
-            raise ValueError(f"{arg} holds values that are not {fmt.name} numbers; round them "
-                             f"first (mpt.round(x, fmt))")
-    return x
-
-
-@_ieee_values
-def trainium_matmul(a, b, c=None, *, in_format, pass_order="sequential_fma", tile_k=PE_ROWS):
-    """D = A·B (+ C) as Trainium's matrix engine computes it into an FP32 PSUM tile.
-
-    a: (..., M, K), b: (..., K, N) arrays of ``in_format`` (a name, a Format such as
-    :func:`cfp8_format`'s, or a pair for (a, b)): bf16/fp16 in their dtypes, fp32 / tf32 / cFP8
-    as float32 values on the format's grid. c: (..., M, N) float32, the PSUM tile's content
-    before the first pass, or None. Batch dimensions broadcast.
-
-    Precision contract (documented): K is cut into passes of ``tile_k`` (default 128, the PE
-    array's rows, the most one nc_matmul contracts) in increasing k; each pass's FP32 result is
-    added into PSUM with an IEEE FP32 add (RNE); the first pass overwrites PSUM when c is None.
-    Inside one pass (**assumption**, parameter ``pass_order``): "sequential_fma" (default) — an
-    IEEE FP32 FMA per k in increasing k from +0; "sequential_mul_add" — each product rounded to
-    FP32, then added; "exact" — the exact dot product of the pass rounded once (RNE) to FP32.
-    Returns float32 (..., M, N) with the canonical NaN. Oracle:
-    ``mpt.reference.trainium.trainium_matmul_reference``.
-    """
-    if pass_order not in PASS_ORDERS:
-        raise ValueError(f"pass_order must be one of {', '.join(map(repr, PASS_ORDERS))}; "
-                         f"got {pass_order!r}")
-    if not isinstance(tile_k, (int, np.integer)) or isinstance(tile_k, bool) \
-            or not 1 <= tile_k <= PE_ROWS:
-        raise ValueError(f"tile_k must be an int in [1, {PE_ROWS}]; got {tile_k!r}")
-    fa, fb = _formats(in_format)
-    a32, b32 = _values(a, fa, "a"), _values(b, fb, "b")
-    if a32.ndim < 2 or b32.ndim < 2:
-        raise ValueError(f"a and b must have shapes (..., M, K) and (..., K, N); got "
-                         f"{a32.shape} and {b32.shape}")
-    if c is not None and np.asarray(c).dtype != np.float32:
-        raise TypeError(f"c must be float32 (the PSUM tile); got {np.asarray(c).dtype}")
-    k = a32.shape[-1]
-    psum = c
-    for k0 in range(0, max(k, 1), tile_k):
-        part = gemm(a32[..., k0:k0 + tile_k], b32[..., k0:k0 + tile_k, :],
-                    model=PASS_ORDERS[pass_order], in_format="fp32")  # from +0
-        psum = part if psum is None else psum + part                 # PSUM += pass (FP32, RNE)
-    return _canonical_nan(np.array(psum, dtype=np.float32))
-
-
-# ---- rounding, auto-cast ------------------------------------------------------------------------
-
-def neuron_round(x, fmt="bf16", *, stochastic_rounding=False, seed=None, stream=None):
-    """Round float32 x to ``fmt`` as a NeuronCore-v2 does: RNE (documented default), or
-    stochastic rounding when ``NEURON_RT_STOCHASTIC_ROUNDING_EN=1`` (``stochastic_rounding=True``;
-    on by default under XLA_USE_BF16 / XLA_DOWNCAST_BF16).
-
-    The SR random source is an **assumption**: mpt's Philox SR (``mpt.round(x, fmt,
-    "stochastic", seed=seed, stream=stream)``: 32 random bits per element, element i uses word i
-    of ``stream``; rounds up iff floor(frac·2^32) + word >= 2^32). Neuron documents neither the
-    generator nor how many bits it compares (``NEURON_RT_STOCHASTIC_ROUNDING_SEED`` seeds it).
-    Returns fmt's dtype (float32 values for tf32 and cFP8).
-    """
-    if stochastic_rounding:
-        if seed is None:
-            raise ValueError("stochastic_rounding=True needs seed (the Philox key)")
-        return _rounding.round(x, fmt, "stochastic", seed=seed, stream=stream)
-    if seed is not None or stream is not None:
-        raise ValueError("seed and stream are only used with stochastic_rounding=True")
-    return _rounding.round(x, fmt)
-
-
-#: ``--auto-cast`` modes of neuronx-cc.
-AUTO_CAST_MODES = ("matmult", "all", "none")
-#: ``--auto-cast-type`` choices of neuronx-cc.
+#: ``--auto-cast-type`` choices of neuronx-cc (the option ``auto_cast_type`` of
+#: ``trainium_autocast``); fp8_e4m3 is ``cfp8_format("e4m3")``, unscaled.
 AUTO_CAST_TYPES = ("bf16", "fp16", "tf32", "fp8_e4m3")
 
 
-def _cast_format(auto_cast_type, fp8_specials):
-    if auto_cast_type not in AUTO_CAST_TYPES:
+def _auto_cast_format(name) -> Format:
+    if name not in AUTO_CAST_TYPES:
         raise ValueError(f"auto_cast_type must be one of {', '.join(map(repr, AUTO_CAST_TYPES))}"
-                         f"; got {auto_cast_type!r}")
-    if auto_cast_type == "fp8_e4m3":
-        return cfp8_format("e4m3", specials=fp8_specials)
-    return get_format(auto_cast_type)
+                         f"; got {name!r}")
+    return cfp8_format("e4m3") if name == "fp8_e4m3" else get_format(name)
 
 
-def auto_cast_matmul(a, b, c=None, *, auto_cast="matmult", auto_cast_type="bf16",
-                     result="fp32", pass_order="sequential_fma", stochastic_rounding=False,
-                     seed=None, stream=0, fp8_specials="ieee"):
-    """An FP32 matmul (a, b float32) as neuronx-cc compiles it under ``--auto-cast``.
+@register_kind("psum")
+class TrainiumOperands(Operands):
+    """The Trainium matrix engine: K in passes of ``tile_k`` products (option, 1..128, default
+    the PE array's 128 rows) in increasing k; each pass is the inner model of the assumption
+    ``pass_order`` from +0 over the operands' exact values, and is added into the FP32 PSUM
+    accumulator with one IEEE FP32 add (RNE). PSUM starts at C, or at -0 (so that the first pass
+    enters it unchanged: the first nc_matmul writes PSUM). ``trainium_autocast`` rounds fp32
+    operands (RNE) to ``auto_cast_type`` first, and with ``auto_cast_result="cast"`` rounds the
+    result to it too (returned as float32 values)."""
 
-    ``auto_cast`` "matmult" or "all": both FP32 operands are cast to ``auto_cast_type`` (bf16,
-    fp16, tf32, or fp8_e4m3 = ``cfp8_format("e4m3", specials=fp8_specials)``, unscaled) with
-    :func:`neuron_round` — RNE, or SR when ``stochastic_rounding`` (assumption: the runtime's
-    SR applies to these casts; Philox streams 3·stream for a, 3·stream + 1 for b, 3·stream + 2
-    for a cast result) — then
-    :func:`trainium_matmul` accumulates in FP32 PSUM. "none": the FP32 operands go to the
-    engine as they are. ("all" casts every other FP32 op too; for the matmul it is the same.)
+    acc_dtype = np.float32
+    OPTIONS = ("tile_k", "auto_cast_type")
 
-    ``result`` — **assumption**, what the cast op returns: "fp32" (default: the FP32 PSUM
-    result, as the model declared the op) or "cast" (the result rounded to ``auto_cast_type``
-    too, with the same rounding, returned as float32 values). Returns float32 (..., M, N).
-    """
-    if auto_cast not in AUTO_CAST_MODES:
-        raise ValueError(f"auto_cast must be one of {', '.join(map(repr, AUTO_CAST_MODES))}; "
-                         f"got {auto_cast!r}")
-    if result not in ("fp32", "cast"):
-        raise ValueError(f"result must be 'fp32' or 'cast'; got {result!r}")
-    fmt = _cast_format(auto_cast_type, fp8_specials)
-    a, b = (np.asarray(x) for x in (a, b))
-    for arg, x in (("a", a), ("b", b)):
-        if x.dtype != np.float32:
-            raise TypeError(f"{arg} must be float32 (auto-cast applies to FP32 ops); got {x.dtype}")
-    if auto_cast == "none":
-        return trainium_matmul(a, b, c, in_format="fp32", pass_order=pass_order)
+    @classmethod
+    def check_config(cls, cfg):
+        if cfg.block != PE_ROWS or [o[0] for o in cfg.outputs] != ["fp32"]:
+            raise ValueError(f"a Trainium configuration has block {PE_ROWS} (the PE rows) and one "
+                             f"fp32 output; got block {cfg.block}, outputs {cfg.outputs!r}")
 
-    def cast(x, s):
-        return neuron_round(x, fmt, stochastic_rounding=stochastic_rounding,
-                            seed=seed if stochastic_rounding else None,
-                            stream=s if stochastic_rounding else None)
-    d = trainium_matmul(cast(a, 3 * stream), cast(b, 3 * stream + 1), c, in_format=fmt,
-                        pass_order=pass_order)
-    if result == "cast":
-        d = cast(d, 3 * stream + 2)
-        d = d if d.dtype == np.float32 else _rounding.decode(d)
-    return d
+    @classmethod
+    def accepts(cls, cfg, fmt):
+        """A cFP8 configuration takes every cFP8 flavour (specials, bias) of its layouts."""
+        if fmt in cfg.inputs or not any(f.startswith("cfp8_") for f in cfg.inputs):
+            return fmt in cfg.inputs
+        return isinstance(fmt, str) and _NAME.fullmatch(fmt) is not None
+
+    def prepare(self):
+        tile_k = self.options.get("tile_k", PE_ROWS)
+        if isinstance(tile_k, bool) or not isinstance(tile_k, (int, np.integer)) or \
+                not 1 <= tile_k <= PE_ROWS:
+            raise ValueError(f"tile_k must be an int in [1, {PE_ROWS}]; got {tile_k!r}")
+        self.tile_k = int(tile_k)
+        self.cast = None
+        if self.cfg.param("auto_cast"):
+            self.cast = _auto_cast_format(self.options.get("auto_cast_type", "bf16"))
+            self.a, self.b = (self._cast(x) for x in (self.a, self.b))
+        elif "auto_cast_type" in self.options:
+            raise TypeError(f"auto_cast_type is an option of trainium_autocast (fp32 operands "
+                            f"cast by the compiler); model {self.model.name!r} takes none")
+        inner = get_mma_model(PASS_ORDERS[self.model.choice("pass_order")])
+        self.inner = operands_class(inner.kind)(
+            inner, inner.config("fp32", "fp32"), self.a[self.ia], self.b[self.ib],
+            ("fp32", "fp32"), "fp32", (self.batch_size,))      # (B, M, K), (B, K, N) exact
+
+    def _cast(self, x):
+        """RNE to the auto-cast format, as float32 values."""
+        return _rounding.decode(np.asarray(_rounding.round(x, self.cast)))
+
+    @property
+    def unit(self) -> int:
+        return self.tile_k
+
+    def new_acc(self, c=None):
+        acc = np.full((self.batch_size, self.m, self.n), -0.0, np.float32)
+        if c is not None:
+            acc[...] = c
+        return acc
+
+    def chain(self, acc, k0, k1):
+        for t0 in range(k0, k1, self.tile_k):
+            part = self.inner.new_acc()                                  # one pass from +0
+            self.inner.chain(part, t0, min(t0 + self.tile_k, k1))
+            acc += self.inner.values(part)                               # PSUM += pass (RNE)
+
+    def values(self, acc):
+        if self.cast is not None and self.model.choice("auto_cast_result") == "cast":
+            return self._cast(acc)
+        return acc.copy()
+
+
+_OUT = (("fp32", "rne_fp32", None),)
+_PASSES = "nc_matmul passes of 128 products (the PE array's rows) added into an FP32 PSUM tile"
+_PASS_ORDER = Assumption("pass_order", tuple(PASS_ORDERS), "the order and precision inside one "
+                         "128-deep pass (undocumented): sequential IEEE FP32 FMA, FP32 multiply "
+                         "then add, or the exact dot rounded once")
+
+#: The registered MMA models ``trainium`` (aliases trn1, trn2) and ``trainium_autocast``.
+MODELS = tuple(register_model(m) for m in (
+    MMAModel("trainium", "psum", "AWS Trainium matrix engine (NeuronCore-v2/v3): " + _PASSES, (
+        MMAConfig(("cfp8_e5m2", "cfp8_e4m3", "cfp8_e3m4"), _PASSES + " (cFP8)", PE_ROWS, None,
+                  _OUT, evidence="documented"),
+        *(MMAConfig((f,), _PASSES, PE_ROWS, None, _OUT, evidence="documented")
+          for f in ("bf16", "fp16", "tf32", "fp32")),
+    ), ("trn1", "trn2"), (_PASS_ORDER,)),
+    MMAModel("trainium_autocast", "psum", "Trainium FP32 matmuls under neuronx-cc --auto-cast "
+             "matmult: operands rounded (RNE) to --auto-cast-type, then the matrix engine", (
+        MMAConfig(("fp32",), "--auto-cast matmult: fp32 operands RNE to auto_cast_type (default "
+                  "bf16), then " + _PASSES + " - software, mpt.gemm", PE_ROWS, None, _OUT,
+                  evidence="documented", params=(("software", True), ("auto_cast", True))),
+    ), (), (_PASS_ORDER, Assumption(
+        "auto_cast_result", ("fp32", "cast"), "what the auto-cast matmul returns: the FP32 PSUM "
+        "result (as the model declared the op), or the result rounded to the cast type too")))))

@@ -22,7 +22,9 @@ Scaling rules are registered by name (:func:`register_scaling`): ``"none"`` (the
 stored, or rounded RNE to ``format``; ``tf32`` keeps the fp32 pattern and lets the MMA drop its
 low 13 bits, as the hardware does) and ``"delayed"`` (Transformer Engine's per-tensor delayed
 scaling: the layer hands a state object with a ``quantize(values)`` method, ``mpt.fp8``, whose
-result carries ``data``, ``format`` and ``scale_inv``). A tensor used by two GEMMs along two axes
+result carries ``data``, ``format`` and ``scale_inv``); other modules register theirs (``"inc"``,
+Intel Neural Compressor's per-tensor FP8 scales on Gaudi: :mod:`mpt.amp.inc`). A tensor used by
+two GEMMs along two axes
 is quantized once per axis (once in all for per-tensor rules).
 """
 from __future__ import annotations
@@ -48,13 +50,15 @@ class Quantization:
 
     ``format``: the format handed to the MMA (None: the tensor's own); ``scaling``: a registered
     scaling rule; ``rounding``: ``"nearest_even"`` or ``"stochastic"`` where the rule rounds;
-    ``block``: the block shape of a block-scaled rule (None: per tensor).
+    ``block``: the block shape of a block-scaled rule (None: per tensor); ``params``: further
+    (name, value) parameters of the rule (e.g. INC's chip, scale method and role).
     """
 
     format: str | None = None
     scaling: str = "none"
     rounding: str = "nearest_even"
     block: tuple[int, int] | None = None
+    params: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         if self.format is not None:
