@@ -57,7 +57,8 @@ def _model_dict(model, fa, fb, out):
 
 def test_preset_names_and_aliases():
     models = mpt.mma_models()
-    assert list(models) == NVIDIA + ["ieee_fma", "ieee_mul_add", "exact"]
+    first = NVIDIA + ["ieee_fma", "ieee_mul_add", "exact"]      # then the other vendors'
+    assert list(models)[:len(first)] == first
     for alias, name in [("v100", "volta"), ("t4", "turing"), ("a100", "ampere"), ("a2", "ampere"),
                         ("l40s", "ada"), ("rtx4090", "ada"), ("h100", "hopper"), ("H200", "hopper"),
                         ("b200", "blackwell")]:
@@ -359,9 +360,13 @@ def _center(rng, fmt):
 
 
 def _configs():
-    """(model, format of a, format of b, output) for every preset, input format and output."""
+    """(model, format of a, format of b, output) for every preset, input format and output, of
+    the kinds mpt.reference.mma models (the other vendors' models have their own oracles:
+    tests/test_mme.py, test_engines_tpu.py, test_engines_trainium.py)."""
     out = []
     for name, model in mpt.mma_models().items():
+        if model.kind not in ("block", "ieee_fma", "ieee_mul_add", "exact"):
+            continue
         for cfg in model.configs:
             fmts = cfg.inputs
             if model.kind != "block":

@@ -19,6 +19,13 @@ TABLE = {
     "bf16-pure-sr": ("bf16", None, "bf16", False, "hopper", "none", False, "stochastic"),
     "fp16-noscale": ("fp16", "fp32", "fp16", False, "hopper", "none", False, "nearest_even"),
     "fp8-hybrid": ("fp32", None, "bf16", True, "hopper", "none", True, "nearest_even"),
+    # the recipes of other vendors' chips (their targets: tpu, gaudi2, gaudi3, trn2)
+    "tpu-bf16": ("bf16", "fp32", "bf16", False, "tpu", "none", False, "nearest_even"),
+    "gaudi2-fp8": ("fp32", None, "bf16", True, "gaudi2", "none", False, "nearest_even"),
+    "gaudi3-fp8": ("fp32", None, "bf16", True, "gaudi3", "none", False, "nearest_even"),
+    "trn-bf16-autocast": ("fp32", None, "fp32", False, "trainium_autocast", "none", False,
+                          "nearest_even"),
+    "trn-bf16-sr": ("bf16", None, "bf16", False, "trainium", "none", False, "stochastic"),
 }
 
 

@@ -24,6 +24,12 @@ A :class:`Recipe` is data only (``mpt.train.Trainer`` carries it out):
 ``fp8``            :class:`Fp8Config` or None: Transformer Engine FP8 Linear layers
 ``rounding``       the copy-down (FP32 working copy → ``param_format``): ``"nearest_even"`` or
                    ``"stochastic"``
+``inc``            :class:`~mpt.amp.inc.IncConfig` or None: FP8 Linear layers with Intel Neural
+                   Compressor's per-tensor scales on a Gaudi target (``mpt.amp.inc``)
+``cast_rounding``  how every op result is rounded into a narrower format: ``"nearest_even"``, or
+                   ``"stochastic"`` with the target's stochastic-rounding source (Trainium under
+                   ``XLA_USE_BF16``); the target's subnormal flushes apply either way
+                   (:mod:`mpt.autograd.conversion`)
 =================  ==============================================================================
 
 The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
@@ -33,8 +39,17 @@ layout: a low-precision model copy plus FP32 masters; fp16 with dynamic scaling)
 and ``bf16-pure-sr`` (bf16 weights and no master: every update is rounded into bf16, to nearest or
 stochastically); ``fp16-noscale`` (fp16-o2 without loss scaling: what fails); ``fp8-hybrid``
 (Transformer Engine's HYBRID recipe: E4M3 forward, E5M2 gradients, delayed scaling, the target's
-FP8 GEMMs with promotion, the rest under bf16 autocast). :meth:`Recipe.for_target` (or
-``get_recipe(name, target=...)``) runs a recipe on another chip's model.
+FP8 GEMMs with promotion, the rest under bf16 autocast). Recipes of one vendor's chips: ``tpu-bf16``
+(JAX's policy params=float32, compute=bfloat16, output=float32: FP32 masters, every op in bf16
+with the TPU's flushing casts, bf16 GEMMs one MXU pass with FP32 accumulation); ``gaudi2-fp8`` / ``gaudi3-fp8`` (FP8 Linear
+layers with INC's ``maxabs_hw`` scales on the MME, the rest under bf16 autocast; the backward
+format in ``mpt.amp.inc``); ``trn-bf16-autocast`` (fp32 everything, every GEMM compiled with
+``--auto-cast matmult`` to bf16, FP32 results); ``trn-bf16-sr`` (``XLA_USE_BF16``: every float
+tensor bf16, no master, stochastic rounding of every op result and update).
+:meth:`Recipe.for_target` (or ``get_recipe(name, target=...)``) runs a recipe on another chip's
+model; :func:`recipes_for` lists the recipes a target runs. (A recipe written for one chip is a
+generic layout on that chip: ``tpu-bf16`` computes what ``bf16-o2`` computes on the ``tpu``
+target, named as a TPU user knows it.)
 
 This module imports ``mpt.fp8`` (a sibling at L4) for the one thing it needs from it: the FP8
 configuration *is* a Transformer Engine ``DelayedScaling`` recipe.
@@ -46,11 +61,14 @@ from dataclasses import dataclass, field
 
 from mpt._checks import check_int
 from mpt.engines import get_mma_model
+from mpt.engines.gaudi import CHIPS as _GAUDI_CHIPS
 from mpt.formats import get_format, rounding_mode
 from mpt.amp.fp8 import DelayedScaling
+from mpt.amp.inc import IncConfig
 from mpt.targets import get_target
 
-__all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names"]
+__all__ = ["Recipe", "LossScaling", "Fp8Config", "RECIPES", "get_recipe", "recipe_names",
+           "recipes_for"]
 
 _MODEL_FORMATS = ("fp32", "fp16", "bf16")
 
@@ -141,6 +159,8 @@ class Recipe:
     fp8: Fp8Config | None = None
     rounding: str = "nearest_even"
     target: str = "h100"
+    inc: IncConfig | None = None
+    cast_rounding: str = "nearest_even"
 
     def __post_init__(self):
         for role in ("param_format", "compute_format", "output_format", "state_format"):
@@ -167,6 +187,9 @@ class Recipe:
             raise TypeError("loss_scaling must be a LossScaling")
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
             raise TypeError("fp8 must be an Fp8Config or None")
+        if self.inc is not None and self.fp8 is not None:
+            raise ValueError("fp8 (Transformer Engine) and inc (Intel Neural Compressor) are two "
+                             "FP8 Linear layers: set one")
 
     def _resolve_target(self):
         """Fill the GEMM models and FP8 flavour the target decides (module docstring)."""
@@ -185,12 +208,45 @@ class Recipe:
                                       scaling=dataclasses.replace(self.fp8.scaling,
                                                                   flavour=flavour))
             object.__setattr__(self, "fp8", fp8)
+        if self.fp8 is not None:            # the model must take the recipe's FP8 formats
+            fwd, bwd = (self.fp8.scaling.format_for(r).name for r in ("forward", "backward"))
+            model = get_mma_model(self.fp8.model)
+            model.config(fwd, fwd), model.config(bwd, fwd)
+        self._resolve_inc(target)
+        object.__setattr__(self, "cast_rounding", rounding_mode(self.cast_rounding).value)
+        if self.cast_rounding not in ("nearest_even", "stochastic"):
+            raise ValueError(f"cast_rounding must be 'nearest_even' or 'stochastic'; got "
+                             f"{self.cast_rounding!r}")
+        if self.cast_rounding == "stochastic" and \
+                target.conversions.stochastic_rounding != "philox":
+            raise ValueError(f"cast_rounding='stochastic' needs a target whose stochastic "
+                             f"rounding mpt models with Philox (trn1, trn2); target "
+                             f"{target.name!r} has {target.conversions.stochastic_rounding}")
+
+    def _resolve_inc(self, target):
+        """INC's FP8 Linear: a Gaudi target's chip, FP8 formats and MME model."""
+        if self.inc is None:
+            return
+        if target.name not in _GAUDI_CHIPS or target.fp8 is None:
+            raise ValueError(f"recipe {self.name!r} uses Intel Neural Compressor's Gaudi FP8 "
+                             f"scales, which target {target.name!r} does not have (gaudi2, "
+                             f"gaudi3)")
+        inc = self.inc
+        inc = dataclasses.replace(inc, chip=inc.chip or target.name,
+                                  model=inc.model or target.mma_model(target.fp8[0]),
+                                  formats=inc.formats or target.fp8)
+        object.__setattr__(self, "inc", inc)
 
     def for_target(self, target) -> "Recipe":
         """This recipe on another target: the GEMM models and FP8 formats that target's
-        (an explicit ``matmul_model`` or FP8 model is replaced by the target's too)."""
+        (an explicit ``matmul_model`` or FP8 model is replaced by the target's too, unless the
+        target offers it as a compiler mode: ``Target.software_models``)."""
+        target = get_target(target)
         fp8 = None if self.fp8 is None else dataclasses.replace(self.fp8, model=None)
-        return self.replace(target=get_target(target).name, matmul_model=None, fp8=fp8)
+        inc = None if self.inc is None else dataclasses.replace(self.inc, chip=None, model=None,
+                                                                formats=None)
+        matmul = self.matmul_model if self.matmul_model in target.software_models else None
+        return self.replace(target=target.name, matmul_model=matmul, fp8=fp8, inc=inc)
 
     def _check_compute(self):
         c, p = self.compute_format, self.param_format
@@ -223,10 +279,11 @@ class Recipe:
     def describe(self) -> dict:
         """The recipe as JSON-ready data."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("loss_scaling", "fp8")}
+               if f.name not in ("loss_scaling", "fp8", "inc")}
         out["grad_format"] = self.grad_format
         out["loss_scaling"] = dataclasses.asdict(self.loss_scaling)
         out["fp8"] = None if self.fp8 is None else self.fp8.describe()
+        out["inc"] = None if self.inc is None else self.inc.describe()
         return out
 
 
@@ -259,12 +316,51 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "gradients, delayed scaling, the target's FP8 GEMMs with promotion every 128), the rest "
            "under bf16 autocast; FP32 weights", compute_format="bf16", autocast=True,
            fp8=Fp8Config()),
+    Recipe("tpu-bf16", "TPU, as JAX runs a policy params=float32, compute=bfloat16, "
+           "output=float32: FP32 masters, every op in bf16 (the TPU's flushing f32->bf16 casts), "
+           "bf16 GEMMs one MXU pass into FP32, FP32 logits and loss", param_format="bf16",
+           master_format="fp32", compute_format="bf16", target="tpu"),
+    Recipe("gaudi2-fp8", "Gaudi 2: FP8 Linear layers (E4M3 both ways, INC maxabs_hw scales, "
+           "pow2 gradient scales) on the MME, the rest under bf16 autocast; FP32 weights",
+           compute_format="bf16", autocast=True, inc=IncConfig(), target="gaudi2"),
+    Recipe("gaudi3-fp8", "Gaudi 3: FP8 Linear layers (E4M3 forward, E5M2 gradients, INC "
+           "maxabs_hw scales, pow2 gradient scales) on the MME, the rest under bf16 autocast; FP32 "
+           "weights", compute_format="bf16", autocast=True, inc=IncConfig(), target="gaudi3"),
+    Recipe("trn-bf16-autocast", "Trainium: FP32 weights, masters, optimizer and ops; every GEMM "
+           "compiled with --auto-cast matmult --auto-cast-type bf16 (operands RNE to bf16, FP32 "
+           "PSUM result)", matmul_model="trainium_autocast", target="trn2"),
+    Recipe("trn-bf16-sr", "Trainium under XLA_USE_BF16: every float tensor bf16, no FP32 master, "
+           "stochastic rounding of every op result and update (Philox: the labelled source)",
+           param_format="bf16", compute_format="bf16", rounding="stochastic",
+           cast_rounding="stochastic", target="trn2"),
 )}
+
+#: Recipes written for one vendor's chips: name -> the targets they are meant for (every other
+#: recipe is portable: :func:`recipes_for` offers it on any target that can run it).
+NATIVE_TARGETS = {"tpu-bf16": ("tpu",), "gaudi2-fp8": ("gaudi2",), "gaudi3-fp8": ("gaudi3",),
+                  "trn-bf16-autocast": ("trn1", "trn2"), "trn-bf16-sr": ("trn1", "trn2")}
 
 
 def recipe_names() -> list[str]:
     """The names of the built-in recipes, in table order."""
     return list(RECIPES)
+
+
+def recipes_for(target) -> list[str]:
+    """The built-in recipes that run on ``target``, in table order: the portable ones whose
+    formats, FP8 GEMMs and roundings it has, and the ones written for it (:data:`NATIVE_TARGETS`).
+    """
+    target = get_target(target)
+    names = []
+    for name in RECIPES:
+        if target.name not in NATIVE_TARGETS.get(name, (target.name,)):
+            continue
+        try:
+            get_recipe(name, target)
+        except ValueError:            # a format, FP8 path or rounding the target does not have
+            continue
+        names.append(name)
+    return names
 
 
 def get_recipe(name, target=None) -> Recipe:

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 
 from mpt._checks import check_bool, check_int
-from mpt.amp.recipes import get_recipe, recipe_names
+from mpt.amp.recipes import get_recipe, recipes_for
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig
 
@@ -39,12 +39,13 @@ class StudyConfig:
     corpus_seed: int = 0
     text: str | None = None
     quant: bool = True
+    compare_targets: tuple[str, ...] = ()
 
     def __post_init__(self):
         target = get_target(self.target)
         object.__setattr__(self, "target", target.name)
         if self.recipes is None:   # every built-in recipe the target can run
-            names = [r for r in recipe_names() if target.fp8 or get_recipe(r).fp8 is None]
+            names = recipes_for(target)
         else:
             names = [get_recipe(r).name for r in self.recipes]
         object.__setattr__(self, "recipes", tuple(get_recipe(r, target).name for r in names))
@@ -57,6 +58,8 @@ class StudyConfig:
         object.__setattr__(self, "corpus_seed",
                            check_int("corpus_seed", self.corpus_seed, min=0, max=2**64 - 1))
         object.__setattr__(self, "quant", check_bool("quant", self.quant))
+        object.__setattr__(self, "compare_targets",
+                           tuple(get_target(t).name for t in self.compare_targets))
         if self.text is not None and not isinstance(self.text, (str, os.PathLike)):
             raise TypeError(f"text must be None or a file path; got {type(self.text).__name__}")
         if self.d_model % self.n_heads:

@@ -52,10 +52,12 @@ class StudyResult:
     corpus: dict
     runs: dict = field(default_factory=dict)
     quant: object = None  # mpt.study.quant.QuantStudyResult, or None when not run
+    targets: object = None  # mpt.study.targets.TargetsResult, or None when not run
 
     def to_dict(self) -> dict:
         return {"config": self.config.describe(), "corpus": self.corpus,
                 "quant": None if self.quant is None else self.quant.to_dict(),
+                "targets": None if self.targets is None else self.targets.to_dict(),
                 "runs": {name: {"recipe": get_recipe(name).describe(),
                                 "final_loss": r.final_loss, "seconds": r.seconds,
                                 "parameters": r.parameters,
@@ -137,11 +139,16 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
 
 
 def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> StudyResult:
-    """Run every recipe of ``config`` in order; progress bars on stderr when ``progress``."""
+    """Run every recipe of ``config`` in order, then the cross-chip section when
+    ``config.compare_targets`` names targets (:mod:`mpt.study.targets`); progress bars on stderr
+    when ``progress``."""
     corpus = _corpus(config)
     result = StudyResult(config, corpus.describe())
     for name in config.recipes:
         result.runs[name] = run_recipe(config, name, corpus, progress)
+    if config.compare_targets:
+        from mpt.study.targets import run_targets   # the section imports run_recipe from here
+        result.targets = run_targets(config, config.compare_targets, corpus, progress)
     if config.quant and config.text is None:
         if progress:
             print("quantization sections (QAT vs PTQ, LoRA) ...", file=sys.stderr, flush=True)

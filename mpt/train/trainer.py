@@ -10,7 +10,13 @@ numbers.
 * the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
   ``recipe.master_format`` is set (``master_weights=True``), the copy-down in ``recipe.rounding``
   (stochastic rounding keyed by ``config.seed``, the parameter and the step), the fused kernel;
-* the **loss scaler**: ``mpt.amp.GradScaler`` (dynamic) or ``StaticLossScale``, recording.
+* the **loss scaler**: ``mpt.amp.GradScaler`` (dynamic) or ``StaticLossScale``, recording;
+* Linear layers swapped for ``mpt.amp.linear.PlanLinear`` with the recipe's INC plan (Gaudi FP8
+  recipes); attention modules on the flash backend switched to the naive one when the flash
+  kernels cannot run the recipe's GEMM model (TPU, Gaudi, Trainium models);
+* the **conversion rules** of the target (:mod:`mpt.autograd.conversion`: a TPU's flushing
+  f32→bf16 casts; with ``recipe.cast_rounding="stochastic"``, stochastic rounding of every op
+  result, keyed by ``config.seed`` and the step), in effect for every step and evaluation.
 
 One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
 
@@ -44,13 +50,16 @@ import numpy as np
 import mpt.functional as F
 from mpt._checks import check_bool, check_int, check_real
 from mpt.amp.scaler import GradScaler, StaticLossScale
+from mpt.autograd.conversion import ConversionRules, conversion_rules
+from mpt.functional.attention import flash_mma_model
 from mpt.functional.autocast import autocast, matmul_model
 from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
                              log2_histogram, lost_update_fraction, tensor_cast_stats)
-from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
+from mpt.amp.linear import Fp8Linear, PlanLinear, Tf32Linear, replace_linears
 from mpt.optim import AdamW, clip_grad_norm_
 from mpt.amp.recipes import Recipe, get_recipe
 from mpt.autograd.tensor import no_grad, opmath
+from mpt.targets import get_target
 
 __all__ = ["TrainConfig", "StepMetrics", "Trainer", "learning_rate"]
 
@@ -201,6 +210,7 @@ class Trainer:
         self.config = config
         self.network = network
         self.fp8_layers = self._swap_linears()
+        self._attention_backends()
         if self.recipe.param_format != "fp32":
             network.to(self.recipe.param_format)
         self.optimizer = AdamW(network.named_parameters(), lr=config.lr, betas=config.betas,
@@ -219,6 +229,9 @@ class Trainer:
 
     def _swap_linears(self) -> dict:
         recipe = self.recipe
+        if recipe.inc is not None:
+            plan = recipe.inc.plan()
+            replace_linears(self.network, lambda lin: PlanLinear(lin, plan))
         if recipe.fp8 is not None:
             fp8 = recipe.fp8
             replace_linears(self.network, lambda lin: Fp8Linear(
@@ -227,6 +240,32 @@ class Trainer:
         elif recipe.compute_format == "tf32":
             replace_linears(self.network, lambda lin: Tf32Linear(lin, recipe.matmul_model))
         return {name: m for name, m in self.network.named_modules() if isinstance(m, Fp8Linear)}
+
+    def _attention_backends(self) -> None:
+        """Attention modules on the "flash" backend run "naive" when the flash kernels cannot
+        run the recipe's GEMM model (they take the block and IEEE models; TPU, Gaudi and
+        Trainium models run attention as its plain GEMMs)."""
+        try:
+            flash_mma_model(self.recipe.compute_format if self.recipe.autocast
+                            else self.recipe.param_format, self.recipe.matmul_model)
+            return
+        except ValueError:
+            pass
+        for module in self.network.modules():
+            if getattr(module, "backend", None) == "flash":
+                module.backend = "naive"
+
+    def conversions(self, step: int):
+        """Context manager: the conversion rules of the recipe's target for ``step``
+        (:mod:`mpt.autograd.conversion`: its subnormal flushes; with ``cast_rounding=
+        "stochastic"``, stochastic rounding of every op result into bf16/fp16, keyed by
+        ``config.seed`` and the step)."""
+        r = self.recipe
+        flush = get_target(r.target).conversions.flush_subnormals
+        stochastic = ("bf16", "fp16") if r.cast_rounding == "stochastic" else ()
+        rules = ConversionRules(flush, stochastic, self.config.seed, step) \
+            if flush or stochastic else None
+        return conversion_rules(rules)
 
     # ---- forward ---------------------------------------------------------------------------
     @property
@@ -261,7 +300,7 @@ class Trainer:
         fp8 = {name: layer.fp8_state_dict() for name, layer in self.fp8_layers.items()}
         self.network.eval()
         try:
-            with no_grad():
+            with no_grad(), self.conversions(self.step_count):
                 losses = [float(self._logits_and_loss(i, t)[1].item()) for i, t in batches]
         finally:
             self.network.train()
@@ -285,17 +324,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         detail = step in self.config.detail_steps
         losses, loss_grad, histograms = [], None, {}
-        for idx, targets in batches:
-            stats, g_hist, loss = self._micro_step(idx, targets, detail)
-            losses.append(loss)
-            loss_grad = stats if loss_grad is None else loss_grad + stats
-            if detail:
-                histograms["loss_grad"] = histograms["loss_grad"] + g_hist \
-                    if "loss_grad" in histograms else g_hist
-        scale = 1.0 if self.scaler is None else self.scaler.get_scale()
-        report = self._gradient_report(scale, detail)
-        histograms.update(report.pop("histograms"))
-        norm, skipped = self._apply()
+        with self.conversions(step):
+            for idx, targets in batches:
+                stats, g_hist, loss = self._micro_step(idx, targets, detail)
+                losses.append(loss)
+                loss_grad = stats if loss_grad is None else loss_grad + stats
+                if detail:
+                    histograms["loss_grad"] = histograms["loss_grad"] + g_hist \
+                        if "loss_grad" in histograms else g_hist
+            scale = 1.0 if self.scaler is None else self.scaler.get_scale()
+            report = self._gradient_report(scale, detail)
+            histograms.update(report.pop("histograms"))
+            norm, skipped = self._apply()
         lost, changed, _ = (0, 0, 0.0) if skipped else \
             lost_update_fraction(self.optimizer.lost_updates)
         metrics = StepMetrics(step, lr, math.fsum(losses) / len(losses), scale, skipped,
