@@ -5,7 +5,8 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
   dtype (float32 or float16); outputs ``d``.
-- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales; outputs ``d``.
+- ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion and scales, and the model's keyword
+  options (``options``: a TPU f32 dot's pass algorithm, Trainium's auto-cast); outputs ``d``.
 - ``fake_quant``: PyTorch's ``fake_quantize_per_{tensor,channel}_affine`` (mpt.kernels.quant);
   outputs ``y`` and the straight-through ``mask``.
 - ``optim``: a few SGD/AdamW steps from stored params and per-step grads under one fma profile;
@@ -49,7 +50,8 @@ def _compute_gemm(inputs, params):
     return {"d": gemm(inputs["a"], inputs["b"], inputs.get("c"), model=params["model"],
                       in_format=params["in_format"], split_k=params["split_k"],
                       promote_every=params["promote_every"], scale_a=inputs.get("scale_a"),
-                      scale_b=inputs.get("scale_b"), out_format=params["out_format"])}
+                      scale_b=inputs.get("scale_b"), out_format=params["out_format"],
+                      **params.get("options", {}))}
 
 
 def _compute_fake_quant(inputs, params):
@@ -198,8 +200,9 @@ def _spec_vectors(fmt: str):
 
 def _mma_cases(rng):
     cases = []
-    for model in mma_models().values():
-        fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
+    for model in mma_models().values():   # configurations mpt.mma runs (not mpt.gemm's software)
+        fmts = dict.fromkeys(f for cfg in model.configs if not cfg.param("software")
+                             for f in cfg.inputs)
         for fmt in fmts:
             outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
             for out in outs:
@@ -250,6 +253,34 @@ def _gemm_cases(rng):
             inputs["scale_b"] = rng.uniform(2**-8, 4, (k // g, n // g)).astype(np.float32)
         params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": promote,
                   "out_format": out}
+        cases.append((f"gemm-{name}", "gemm", params, inputs))
+    return cases + _software_gemm_cases(rng)
+
+
+def _software_gemm_cases(rng):
+    """The configurations only mpt.gemm runs: a TPU's f32 dot under XLA's pass algorithms (both
+    decompositions, Inf/NaN and subnormal operands included) and Trainium's auto-cast; and a
+    Gaudi 3 GEMM split in K."""
+    m, k, n = 4, 96, 8
+    specs = (  # name, model, format, split_k, options
+        ("tpu-bf16x3-xla", "tpu", "fp32", 1, {"algorithm": "BF16_BF16_F32_X3"}),
+        ("tpu-bf16x6-triton", "tpu", "fp32", 1,
+         {"algorithm": "BF16_BF16_F32_X6", "decomposition": "triton"}),
+        ("tpu-bf16x9-xla-daz", "tpu", "fp32", 1,
+         {"algorithm": "BF16_BF16_F32_X9", "conversion": "tpu_daz"}),
+        ("tpu-tf32x3-triton-k16", "tpu", "fp32", 1,
+         {"algorithm": "TF32_TF32_F32_X3", "decomposition": "triton", "block_k": 16}),
+        ("tpu-default-splitk2", "tpu", "fp32", 2, {"precision": "default"}),
+        ("trainium-autocast-bf16", "trainium_autocast", "fp32", 1, {}),
+        ("gaudi3-bf16-splitk3", "gaudi3", "bf16", 3, {}),
+    )
+    cases = []
+    for name, model, fmt, split_k, options in specs:
+        a = _edge(rng, fmt, (m, k)) if model == "tpu" else _random(rng, fmt, (m, k))
+        inputs = {"a": a, "b": _random(rng, fmt, (k, n)),
+                  "c": _random(rng, "fp32", (m, n)).astype(np.float32)}
+        params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": None,
+                  "out_format": "fp32", "options": options}
         cases.append((f"gemm-{name}", "gemm", params, inputs))
     return cases
 
