@@ -194,13 +194,6 @@ def mme_config(chip, family) -> MMEConfig:
     return cfg
 
 
-def _family(fmt: Format) -> str:
-    if fmt.name in ("fp32", "tf32", "bf16", "fp16"):
-        return fmt.name
-    fp8_params(fmt)                                  # raises for anything else
-    return "fp8"
-
-
 def _prepared(x32, cfg: MMEConfig) -> np.ndarray:
     """The values the MME multiplies (float32): fp8 widened to fp16 on Gaudi 2, tf32 rounded to
     nearest even, subnormals flushed where the chip flushes them."""

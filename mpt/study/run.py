@@ -1,21 +1,25 @@
 """L5: running the study — one trainer per recipe on the same batches, the results per recipe."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
 
-from mpt.amp.recipes import get_recipe
+from mpt.amp.recipes import NATIVE_TARGETS, get_recipe, recipes_for
+from mpt.engines import get_mma_model
 from mpt.kernels.threads import one_thread
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
 from mpt.study.quant import QuantStudyConfig, run_quant_study
 from mpt.train.corpus import MarkovCorpus, TextCorpus
+from mpt.targets import get_target, targets
 from mpt.train.trainer import Trainer
 from mpt.study.config import StudyConfig
 
 
-__all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study"]
+__all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study", "TargetRun", "TargetsResult",
+           "run_targets", "default_targets"]
 
 
 @dataclass
@@ -138,6 +142,67 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
                      trainer.parameters_summary()["parameters"], _bytes_per_parameter(recipe))
 
 
+def default_targets() -> tuple[str, ...]:
+    """H100, MI300X (A100 where mpt has no MI300X target), TPU, Gaudi 3, Trainium2."""
+    amd = "mi300x" if "mi300x" in targets() else "a100"
+    return ("h100", amd, "tpu", "gaudi3", "trn2")
+
+
+# ---- the cross-chip section (mpt.study.targets) -----------------------------------------------
+_PORTABLE = "bf16-amp"
+
+
+@dataclass
+class TargetRun:
+    """One (target, recipe) run: the recipe resolved on the target and its :class:`RecipeRun`."""
+
+    target: str
+    recipe: str
+    model: str
+    evidence: str
+    run: RecipeRun
+
+
+@dataclass
+class TargetsResult:
+    targets: tuple[str, ...]
+    rows: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"targets": list(self.targets),
+                "rows": [{"target": r.target, "recipe": r.recipe, "model": r.model,
+                          "evidence": r.evidence, "final_loss": r.run.final_loss,
+                          "seconds": r.run.seconds, "totals": r.run.totals()}
+                         for r in self.rows]}
+
+
+def _recipes(target: str) -> list[str]:
+    """The portable bf16 recipe (where the target runs it) and the target's own."""
+    runnable = recipes_for(target)
+    native = [r for r in runnable if target in NATIVE_TARGETS.get(r, ())]
+    return ([_PORTABLE] if _PORTABLE in runnable else []) + native
+
+
+def run_targets(config, names=None, corpus=None, progress: bool = False) -> TargetsResult:
+    """Train ``config``'s network on each target of ``names`` (default :func:`default_targets`)
+    under its recipes (module docstring); ``config`` is a ``StudyConfig`` (its own target and
+    recipes are not used)."""
+    names = tuple(get_target(t).name for t in (names or default_targets()))
+    result = TargetsResult(names)
+    for name in names:
+        recipes = _recipes(name)
+        on_target = dataclasses.replace(config, target=name, recipes=tuple(recipes),
+                                        compare_targets=())
+        for recipe_name in recipes:
+            recipe = get_recipe(recipe_name, name)
+            fmt = "fp32" if recipe.compute_format == "tf32" else recipe.compute_format
+            model = get_mma_model(recipe.matmul_model)
+            cfg = model.config(fmt, fmt) if fmt in model.input_formats else model.configs[0]
+            run = run_recipe(on_target, recipe_name, corpus, progress)
+            result.rows.append(TargetRun(name, recipe_name, model.name, cfg.evidence, run))
+    return result
+
+
 def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> StudyResult:
     """Run every recipe of ``config`` in order, then the cross-chip section when
     ``config.compare_targets`` names targets (:mod:`mpt.study.targets`); progress bars on stderr
@@ -147,7 +212,6 @@ def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> St
     for name in config.recipes:
         result.runs[name] = run_recipe(config, name, corpus, progress)
     if config.compare_targets:
-        from mpt.study.targets import run_targets   # the section imports run_recipe from here
         result.targets = run_targets(config, config.compare_targets, corpus, progress)
     if config.quant and config.text is None:
         if progress:
