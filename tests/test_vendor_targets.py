@@ -279,6 +279,14 @@ def test_tpu_bf16_is_bf16_o2_on_the_tpu():
 
 # ---- the study ------------------------------------------------------------------------------
 
+def test_study_configures_every_target():
+    """`mpt study --target T` accepts every registered target: its recipes are recipes_for(T)."""
+    from mpt.study import StudyConfig
+    for name in mpt.targets.targets():
+        config = StudyConfig(target=name, quant=False)
+        assert config.recipes == tuple(recipes_for(name)) and "fp32" in config.recipes
+
+
 @pytest.mark.parametrize("target", NEW)
 def test_study_runs_on_every_new_target(target):
     """`mpt study --target T` on a tiny configuration: every recipe the target runs."""
