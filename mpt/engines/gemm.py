@@ -143,7 +143,9 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     a: (..., M, K), b: (..., K, N) arrays of the input format's dtype — float16, bfloat16,
     float8_e4m3fn / float8_e5m2 (mixable), fp6/fp4 (Blackwell), or float32 with
     ``in_format="tf32"`` (the low 13 bits are dropped, toward zero) or with an IEEE/exact model.
-    ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
+    ``in_format``: None (from the dtypes), a format (a name or a ``Format``: Gaudi's and
+    Trainium's FP8 formats are float32 arrays of a registered custom format), or a pair of them
+    for (a, b).
     c: (..., M, N) float32 (FP32 output), float16 (FP16 output) or float64 (FP64 output, for
     models that have one), or None for +0; leading batch dimensions broadcast. ``out_format``:
     "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else "fp32").
@@ -157,7 +159,8 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     the truncated fused dot-product-add of the spec and its result, rounded to the output
     (RZ-FP32, RZ-E8M13 for Ada/Hopper FP8, RNE-FP16), is the next block's c. ``ieee_fma`` and
     ``ieee_mul_add`` round at every k (RNE), ``exact`` once. Returns float32 or float16 D with
-    canonical NaNs. Raises ValueError for input/output formats the model does not support.
+    canonical NaNs. Raises ValueError for input/output formats the model does not support, and
+    for a configuration that composes instructions in software (a TPU f32 dot: ``mpt.gemm``).
     Oracle: ``mpt.reference.mma.mma_reference``; hardware: tests/test_mma_hardware.py.
     """
     scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)

@@ -15,7 +15,9 @@ interface:
   hardware returns one (``canonical_nan``).
 
 The base class keeps the accumulator as a plain (B, M, N) array of :attr:`acc_dtype`; subclasses
-with packed, register-blocked kernels override the three methods.
+with packed, register-blocked kernels override the three methods. Two class-level hooks:
+``accepts(cfg, fmt)`` (whether a configuration takes a format: a family such as Gaudi's FP8
+biases) and ``decode(x, fmt)`` (how the kind reads an operand: tf32 truncated by default).
 """
 from __future__ import annotations
 
