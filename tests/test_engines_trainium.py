@@ -310,3 +310,15 @@ def test_bad_auto_cast_arguments():
         _autocast(x, x.T, result="bf16")
     with pytest.raises(ValueError, match="does not take inputs"):
         _autocast(x.astype(np.float16), x.T.astype(np.float16))
+
+
+def test_empty_k_and_negative_zero_products():
+    """K = 0 gives C or +0; products that are all -0 give +0 (a pass from +0 never makes -0, so
+    the first pass writing PSUM equals PSUM starting at +0)."""
+    a, b = np.zeros((2, 0), np.float32), np.zeros((0, 3), np.float32)
+    assert not _bits(trainium_matmul(a, b, in_format="fp32")).any()
+    neg = np.full((1, 130), -0.0, np.float32)
+    for pass_order in PASS_ORDERS:
+        d = trainium_matmul(neg, np.ones((130, 1), np.float32), in_format="fp32",
+                            pass_order=pass_order)
+        assert int(_bits(d)[0, 0]) == 0

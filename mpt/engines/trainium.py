@@ -151,8 +151,9 @@ class TrainiumOperands(Operands):
     """The Trainium matrix engine: K in passes of ``tile_k`` products (option, 1..128, default
     the PE array's 128 rows) in increasing k; each pass is the inner model of the assumption
     ``pass_order`` from +0 over the operands' exact values, and is added into the FP32 PSUM
-    accumulator with one IEEE FP32 add (RNE). PSUM starts at C, or at -0 (so that the first pass
-    enters it unchanged: the first nc_matmul writes PSUM). ``trainium_autocast`` rounds fp32
+    accumulator with one IEEE FP32 add (RNE). PSUM starts at C, or at +0: the first nc_matmul
+    writes PSUM, and ``+0 + t = t`` for every pass t (a pass from +0 is never -0 under round to
+    nearest). ``trainium_autocast`` rounds fp32
     operands (RNE) to ``auto_cast_type`` first, and with ``auto_cast_result="cast"`` rounds the
     result to it too (returned as float32 values)."""
 
@@ -197,12 +198,6 @@ class TrainiumOperands(Operands):
     @property
     def unit(self) -> int:
         return self.tile_k
-
-    def new_acc(self, c=None):
-        acc = np.full((self.batch_size, self.m, self.n), -0.0, np.float32)
-        if c is not None:
-            acc[...] = c
-        return acc
 
     def chain(self, acc, k0, k1):
         for t0 in range(k0, k1, self.tile_k):
