@@ -200,9 +200,10 @@ def _spec_vectors(fmt: str):
 
 def _mma_cases(rng):
     cases = []
-    for model in mma_models().values():   # configurations mpt.mma runs (not mpt.gemm's software)
-        fmts = dict.fromkeys(f for cfg in model.configs if not cfg.param("software")
-                             for f in cfg.inputs)
+    for model in mma_models().values():
+        if model.kind in _OTHER_VENDOR_KINDS:     # their cases come last (_other_vendor_cases)
+            continue
+        fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs)
         for fmt in fmts:
             outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
             for out in outs:
@@ -254,7 +255,39 @@ def _gemm_cases(rng):
         params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": promote,
                   "out_format": out}
         cases.append((f"gemm-{name}", "gemm", params, inputs))
-    return cases + _software_gemm_cases(rng)
+    return cases
+
+
+#: Arithmetic kinds of the TPU, Gaudi and Trainium models, whose cases come after all others (so
+#: that adding them left the earlier cases' inputs unchanged).
+_OTHER_VENDOR_KINDS = ("xla_dot", "mme", "psum")
+
+
+def _other_vendor_cases(rng):
+    """Per TPU, Gaudi and Trainium model an edge, a random and a test-vector case per input
+    format mpt.mma runs (K = 32; FP32 output, their only one)."""
+    cases = []
+    for model in mma_models().values():
+        if model.kind not in _OTHER_VENDOR_KINDS:
+            continue
+        fmts = dict.fromkeys(f for cfg in model.configs if not cfg.param("software")
+                             for f in cfg.inputs)
+        for fmt in fmts:
+            params = {"model": model.name, "in_format": fmt, "out_format": "fp32"}
+            tag, (m, k, n) = f"mma-{model.name}-{fmt}-fp32", (4, 32, 4)
+            b_t = _edge(rng, fmt, (n, k))                                   # (n, k)
+            cases.append((f"{tag}-edge", "mma", params, {
+                "a": _edge(rng, fmt, (m, k)), "b": np.ascontiguousarray(b_t.T),
+                "c": _c(rng, "fp32", (m, n), edge=True)}))
+            cases.append((f"{tag}-random", "mma", params, {
+                "a": _random(rng, fmt, (m, k)), "b": _random(rng, fmt, (k, n)),
+                "c": _c(rng, "fp32", (m, n), edge=False)}))
+            vectors = _spec_vectors(fmt)
+            if vectors is not None:
+                a, b, c = vectors
+                cases.append((f"{tag}-spec", "mma", params,
+                              {"a": a, "b": b, "c": c.astype(np.float32)}))
+    return cases
 
 
 def _software_gemm_cases(rng):
@@ -352,5 +385,6 @@ def _train_cases(rng):
 def default_cases(rng: np.random.Generator) -> list[tuple]:
     """The non-rounding cases of the default suite, as (name, kind, params, inputs)."""
     return [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
-                            _grad_scaler_cases, _attention_cases, _train_cases)
+                            _grad_scaler_cases, _attention_cases, _train_cases,
+                            _other_vendor_cases, _software_gemm_cases)
             for c in build(rng)]
