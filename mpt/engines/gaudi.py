@@ -258,10 +258,9 @@ class GaudiOperands(Operands):
             return False
         return True
 
-    @staticmethod
-    def decode(x, fmt):
+    def decode(self, x, fmt):
         """Float32 values; tf32 operands keep their fp32 pattern (the MME rounds it RNE)."""
-        return values32(x, "fp32") if fmt == "tf32" else Operands.decode(x, fmt)
+        return values32(x, "fp32") if fmt == "tf32" else super().decode(x, fmt)
 
     def prepare(self):
         mme = self.mme = mme_config(self.cfg.param("chip"), self.cfg.param("family"))

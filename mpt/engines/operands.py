@@ -5,8 +5,8 @@ subclass, registered with :func:`register_kind`. ``mpt.mma`` and ``mpt.gemm`` on
 interface:
 
 * ``ops = cls(model, cfg, a, b, formats, out_format, batch, scales, options)`` decodes the
-  operands once (``scales``: the instruction's block scales, for kinds with ``SCALES``;
-  ``options``: keyword options the kind accepts, ``OPTIONS``);
+  operands once (:meth:`Operands.decode`; ``scales``: the instruction's block scales, for kinds
+  with ``SCALES``; ``options``: keyword options the kind accepts, ``OPTIONS``);
 * ``acc = ops.new_acc(c)`` makes an accumulator holding c (or +0);
 * ``ops.chain(acc, k0, k1)`` runs the model over k in [k0, k1), in increasing k, in place
   (k0 and k1 multiples of :attr:`Operands.unit`, or K);
@@ -15,9 +15,9 @@ interface:
   hardware returns one (``canonical_nan``).
 
 The base class keeps the accumulator as a plain (B, M, N) array of :attr:`acc_dtype`; subclasses
-with packed, register-blocked kernels override the three methods. Two class-level hooks:
-``accepts(cfg, fmt)`` (whether a configuration takes a format: a family such as Gaudi's FP8
-biases) and ``decode(x, fmt)`` (how the kind reads an operand: tf32 truncated by default).
+with packed, register-blocked kernels override the three methods. ``accepts(cfg, fmt)`` (a
+classmethod) says whether a configuration takes a format: ``fmt in cfg.inputs``, or a family
+such as Gaudi's FP8 biases.
 """
 from __future__ import annotations
 
@@ -139,10 +139,10 @@ class Operands:
         self.b, self.ib = batched(self.decode(b, formats[1]), batch)  # (Bb, K, N)
         self.prepare()
 
-    @staticmethod
-    def decode(x: np.ndarray, fmt: str) -> np.ndarray:
-        """An operand's values as the kind reads them (default :func:`decoded`: tf32 drops the
-        low 13 bits of the fp32 pattern, as a Tensor Core reads it)."""
+    def decode(self, x: np.ndarray, fmt: str) -> np.ndarray:
+        """The values of one operand array for the kernels (default: :func:`decoded`, exact
+        float32, float64 for fp64); a kind whose results depend on more than the values (NaN
+        payloads, flushes) overrides it."""
         return decoded(x, fmt)
 
     def prepare(self) -> None:
