@@ -33,7 +33,7 @@ from mpt.functional.rng import get_rng_state, manual_seed, set_rng_state
 from mpt import amp, nn, optim, quant
 from mpt.amp import fp8, linear, recipes
 from mpt.amp import linear as linears  # the 0.1 name
-from mpt.amp.recipes import Recipe, get_recipe
+from mpt.amp.recipes import Recipe, get_recipe, recipes_for
 from mpt.amp.scaler import GradScaler, StaticLossScale
 from mpt.nn.checkpoint import checkpoint, checkpoint_sequential
 from mpt.nn.policy import Policy, get_policy
@@ -73,7 +73,7 @@ __all__ = [
     "quant", "lora", "FakeQuantize", "fake_quantize_per_tensor_affine",
     "fake_quantize_per_channel_affine", "fake_quantize_learnable_per_tensor_affine",
     "optim", "amp", "fp8", "linear", "linears", "recipes", "GradScaler", "StaticLossScale",
-    "Recipe", "get_recipe",
+    "Recipe", "get_recipe", "recipes_for",
     # L5 training and the study
     "train", "trainer", "training", "train_state", "corpus", "diagnostics", "study", "Trainer",
     "TrainConfig", "save_checkpoint", "load_checkpoint",

@@ -11,7 +11,7 @@
     mpt golden run-torch --golden DIR --outputs DIR [--device cpu|cuda]
                                            the same cases through PyTorch (optional dependency)
     mpt study [--recipes R ...] [--steps N] [--text FILE] [--out DIR] [--seed S] [--no-plots]
-              [--no-quant]
+              [--no-quant] [--target T] [--compare-targets [T ...]]
                                            train a small GPT under every precision recipe
     mpt plan [--recipe R] [--vocab V] [--d-model D] [--layers L] [--heads H] [--seq S]
              [--batch B] [--checkpoint K] [--backend flash|naive]
@@ -244,11 +244,17 @@ def _cmd_study(args) -> int:
 
     given = {"recipes": args.recipes, "steps": args.steps, "text": args.text, "seed": args.seed,
              "target": args.target}
+    if args.compare_targets is not None:
+        from mpt.study.targets import default_targets
+        given["compare_targets"] = tuple(args.compare_targets) or default_targets()
     config = study.StudyConfig(quant=not args.no_quant,
                                **{k: v for k, v in given.items() if v is not None})
     os.makedirs(args.out, exist_ok=True)    # an unusable --out fails now, not after the runs
     result = study.run_study(config, progress=not args.quiet)
     print(study.format_table(result))
+    if result.targets is not None:
+        from mpt.study.targets import format_targets_section
+        print("\n" + format_targets_section(result.targets))
     if result.quant is not None:
         print("\n" + study.format_quant_sections(result.quant))
     paths = study.write_report(result, args.out, plots=not args.no_plots)
@@ -266,6 +272,10 @@ def _add_study(sub) -> None:
                    help="recipes to run (default: all; an unknown name lists the valid ones)")
     p.add_argument("--target", help="the hardware model to train on (default h100; `mpt targets` "
                                     "lists them)")
+    p.add_argument("--compare-targets", nargs="*", metavar="TARGET",
+                   help="also train the network on these chips' models side by side (bf16-amp "
+                        "and each chip's own recipes; no names: h100, mi300x or a100, tpu, "
+                        "gaudi3, trn2)")
     p.add_argument("--steps", type=int, help="optimizer steps per recipe (default 400)")
     p.add_argument("--text", metavar="FILE", help="train on this file's bytes instead of the "
                                                   "synthetic Markov corpus")

@@ -36,6 +36,7 @@ __all__ = [
     "get_format",
     "custom_format",
     "rounding_mode",
+    "register_format_names",
 ]
 
 #: The unsigned integer dtype of each storage width in bytes: the bit view of any format's values.
@@ -269,8 +270,28 @@ for _f in _TABLE:
 _BY_DTYPE = {f.dtype: f for f in _TABLE if f.name != "tf32" and f.kind != "codebook"}
 
 
+# Families of named custom formats (a chip's FP8 flavours), registered by the modules that define
+# them: (resolve(name) -> Format or None, the pattern of their names for error messages).
+_NAMED_FAMILIES: list = []
+
+
+def register_format_names(resolve, pattern: str) -> None:
+    """Let :func:`get_format` find a family of custom formats by name.
+
+    ``resolve(name)`` gets a lower-case name that is no built-in format and returns the
+    :func:`custom_format` of that name, or None if the name is not one of the family's;
+    ``pattern`` describes the names (e.g. ``"gaudi_{e4m3|e5m2}_b{bias}_{full|none|minimal}"``)
+    for error messages. The formats stay out of :data:`FORMATS` (the built-in table).
+    """
+    if not callable(resolve) or not isinstance(pattern, str):
+        raise TypeError("register_format_names needs a callable resolve and a str pattern")
+    _NAMED_FAMILIES.append((resolve, pattern))
+
+
 def get_format(fmt) -> Format:
     """Look up a format by name or alias (case-insensitive), numpy dtype, or pass a Format through.
+    Names of registered families of custom formats (:func:`register_format_names`: Gaudi's FP8
+    flavours, Trainium's cFP8) resolve too.
 
     Raises ``ValueError`` listing the valid names for an unknown one, ``TypeError`` for
     anything else (``None`` included, although ``np.dtype(None)`` is float64).
@@ -283,8 +304,13 @@ def get_format(fmt) -> Format:
         found = _LOOKUP.get(fmt.lower())
         if found is not None:
             return found
+        for resolve, _ in _NAMED_FAMILIES:
+            found = resolve(fmt.lower())
+            if found is not None:
+                return found
         valid = ", ".join(f"{f.name} ({'/'.join(f.aliases)})" for f in _TABLE)
-        raise ValueError(f"unknown format {fmt!r}; valid formats: {valid}")
+        families = "".join(f"; {pattern}" for _, pattern in _NAMED_FAMILIES)
+        raise ValueError(f"unknown format {fmt!r}; valid formats: {valid}{families}")
     try:
         dtype = np.dtype(fmt)
     except TypeError:

@@ -252,15 +252,27 @@ class MemoryEstimate:
         return self.by_role["activations"] / (self.batch * self.seq)
 
 
+def _linear_operand_bytes(recipe) -> int | None:
+    """Bytes per element of the quantized operands a low-precision Linear saves for backward
+    (None: it saves its inputs as they are). FP8 and block-scaled Linears save 1-byte codes (the
+    block scales, 1 byte per 16 or 32 codes, are not counted); INC's hold their FP8 format's
+    storage — 1 byte for the OCP formats, 4 for Gaudi 2's custom formats, which mpt stores as
+    float32 values."""
+    if recipe.fp8 is not None or recipe.block_scaled is not None:
+        return 1
+    if recipe.inc is not None:
+        return get_format(recipe.inc.formats[0]).dtype.itemsize
+    return None
+
+
 def _layer_activations(b, s, shape, recipe, backend) -> dict:
     """Bytes one block keeps for backward, by op kind (module docstring)."""
     d, a, r = shape.d_model, shape.n_heads, shape.mlp_ratio
     sbh, sb = s * b * d, s * b
     c = _F32 if recipe.compute_format == "tf32" else _bytes(recipe.compute_format)
     low = recipe.param_format != "fp32"
-    quantized = recipe.fp8 is not None or recipe.block_scaled is not None
-    lin = 1 if quantized else c     # FP8 / block-scaled Linears save 1-byte codes (the block
-    copies = recipe.autocast or quantized   # scales, 1 byte per 16 or 32 codes, not counted)
+    lin = _linear_operand_bytes(recipe) or c
+    copies = recipe.autocast or lin != c
     if backend == "flash":
         attention = 4 * sbh * c + a * sb * _F32
     else:

@@ -21,6 +21,13 @@ TABLE = {
     "fp8-hybrid": ("fp32", None, "bf16", True, "hopper", "none", True, "nearest_even"),
     **{name: ("fp32", None, "bf16", True, "blackwell", "none", False, "nearest_even")
        for name in ("mxfp8", "nvfp4", "nvfp4-no-rht", "nvfp4-no-sr", "nvfp4-no-2d", "mxfp4")},
+    # the recipes of other vendors' chips (their targets: tpu, gaudi2, gaudi3, trn2)
+    "tpu-bf16": ("bf16", "fp32", "bf16", False, "tpu", "none", False, "nearest_even"),
+    "gaudi2-fp8": ("fp32", None, "bf16", True, "gaudi2", "none", False, "nearest_even"),
+    "gaudi3-fp8": ("fp32", None, "bf16", True, "gaudi3", "none", False, "nearest_even"),
+    "trn-bf16-autocast": ("fp32", None, "fp32", False, "trainium_autocast", "none", False,
+                          "nearest_even"),
+    "trn-bf16-sr": ("bf16", None, "bf16", False, "trainium", "none", False, "stochastic"),
 }
 
 

@@ -17,8 +17,8 @@ from mpt.train.trainer import StepMetrics, TrainConfig, Trainer, learning_rate
 CORPUS = MarkovCorpus(16, 8, seed=0)
 
 
-def _gpt(seed=0, width=16):
-    return nn.GPT(16, width, 1, 2, 8, seed=seed)
+def _gpt(seed=0, width=16, backend="flash"):
+    return nn.GPT(16, width, 1, 2, 8, seed=seed, backend=backend)
 
 
 def _batch(index, batch=4):
@@ -35,7 +35,9 @@ def _same_bits(a, b):
 @pytest.mark.parametrize("name", recipe_names())
 def test_trainer_sets_up_the_recipe(name):
     recipe = get_recipe(name)
-    trainer = Trainer(_gpt(width=32 if recipe.block_scaled else 16), name)   # MX: blocks of 32
+    backend = "flash" if recipe.flash_attention else "naive"
+    trainer = Trainer(_gpt(width=32 if recipe.block_scaled else 16, backend=backend),  # MX: 32
+                      name)
     assert {p.format.name for p in trainer.network.parameters()} == {recipe.param_format}
     assert trainer.optimizer.master_weights == (recipe.master_format is not None)
     assert trainer.optimizer.rounding == recipe.rounding

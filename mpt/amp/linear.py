@@ -53,8 +53,8 @@ from mpt.engines import get_mma_model
 from mpt.nn import Linear, Module
 from mpt.autograd.tensor import opmath
 
-__all__ = ["Tf32Linear", "Fp8Linear", "BlockScaledLinear", "replace_linears", "tf32_plan",
-           "fp8_plan", "mxfp8_plan", "nvfp4_plan", "mxfp4_plan"]
+__all__ = ["Tf32Linear", "Fp8Linear", "BlockScaledLinear", "PlanLinear", "replace_linears",
+           "tf32_plan", "fp8_plan", "mxfp8_plan", "nvfp4_plan", "mxfp4_plan"]
 
 _CASTABLE = ("fp32", "fp16", "bf16")
 _ROLES = ("input", "weight", "grad_output")
@@ -338,6 +338,34 @@ class BlockScaledLinear(Module):
         """Zero :attr:`quantization_counts` (class docstring)."""
         self.quantization_counts = {r: {"numel": 0, "nonzero": 0, "saturated": 0, "sq_err": 0.0,
                                         "sq": 0.0} for r in _ROLES}
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"{self.plan.name}"
+
+
+class PlanLinear(Module):
+    """``nn.Linear`` whose GEMMs run a fixed GEMM plan with stateless scaling rules (the FP8
+    layers of the Gaudi recipes: ``mpt.amp.inc.inc_fp8_plan``). The input is first cast to the
+    enclosing autocast dtype (else kept), as :class:`Fp8Linear` does; the weight is quantized
+    from its storage format; the output has the input's format."""
+
+    def __init__(self, linear: Linear, plan: GemmPlan):
+        super().__init__()
+        _shares(self, linear)
+        if not isinstance(plan, GemmPlan):
+            raise TypeError(f"plan must be a GemmPlan; got {type(plan).__name__}")
+        if plan.stateful_roles():
+            raise ValueError(f"PlanLinear runs stateless plans; plan {plan.name!r} keeps state for "
+                             f"{', '.join(plan.stateful_roles())} (use Fp8Linear)")
+        self.plan = plan
+
+    def forward(self, x):
+        state = autocast_state()
+        act = state.dtype if state.enabled else x.format
+        if x.format != act and x.format.name in _CASTABLE:
+            x = x.to(act)
+        return _Linear.apply(x, self.weight, self.bias, x.format, self.plan)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

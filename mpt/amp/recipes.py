@@ -26,6 +26,12 @@ A :class:`Recipe` is data only (``mpt.train.Trainer`` carries it out):
                    target's block-scaled MMA (``mpt.amp.linear.BlockScaledLinear``)
 ``rounding``       the copy-down (FP32 working copy → ``param_format``): ``"nearest_even"`` or
                    ``"stochastic"``
+``inc``            :class:`~mpt.amp.inc.IncConfig` or None: FP8 Linear layers with Intel Neural
+                   Compressor's per-tensor scales on a Gaudi target (``mpt.amp.inc``)
+``cast_rounding``  how every op result is rounded into a narrower format: ``"nearest_even"``, or
+                   ``"stochastic"`` with the target's stochastic-rounding source (Trainium under
+                   ``XLA_USE_BF16``); the target's subnormal flushes apply either way
+                   (:mod:`mpt.autograd.conversion`)
 =================  ==============================================================================
 
 The named recipes (:data:`RECIPES`, :func:`get_recipe`) follow the systems users run
@@ -39,8 +45,19 @@ FP8 GEMMs with promotion, the rest under bf16 autocast); the block-scaled recipe
 default — ``mxfp8`` (Transformer Engine's MXFP8BlockScaling), ``nvfp4`` (arXiv:2509.25149) with
 its ablations ``nvfp4-no-rht``, ``nvfp4-no-sr``, ``nvfp4-no-2d``, and ``mxfp4`` (the same with
 MXFP4) — each with FP32 weights (the masters), gradients and states and the rest under bf16
-autocast. :meth:`Recipe.for_target` (or ``get_recipe(name, target=...)``) runs a recipe on
-another chip's model; a block-scaled recipe refuses a target without block-scaled MMA.
+autocast. Recipes of one vendor's chips: ``tpu-bf16`` (JAX's policy params=float32,
+compute=bfloat16, output=float32: FP32 masters, every op in bf16 with the TPU's flushing casts,
+bf16 GEMMs one MXU pass with FP32 accumulation); ``gaudi2-fp8`` / ``gaudi3-fp8`` (FP8 Linear
+layers with INC's ``maxabs_hw`` scales on the MME, the rest under bf16 autocast; the backward
+format in ``mpt.amp.inc``); ``trn-bf16-autocast`` (fp32 everything, every GEMM compiled with
+``--auto-cast matmult`` to bf16, FP32 results); ``trn-bf16-sr`` (``XLA_USE_BF16``: every float
+tensor bf16, no master, stochastic rounding of every op result and update).
+
+:meth:`Recipe.for_target` (or ``get_recipe(name, target=...)``) runs a recipe on another chip's
+model; a recipe refuses a target without the FP8 or block-scaled MMA it needs; :func:`recipes_for`
+lists the recipes a target runs. (A recipe written for one chip is a generic layout on that chip:
+``tpu-bf16`` computes what ``bf16-o2`` computes on the ``tpu`` target, named as a TPU user knows
+it.)
 
 This module imports ``mpt.fp8`` (a sibling at L4) for the one thing it needs from it: the FP8
 configuration *is* a Transformer Engine ``DelayedScaling`` recipe.
@@ -52,13 +69,16 @@ from dataclasses import dataclass, field
 
 from mpt._checks import check_int
 from mpt.engines import get_mma_model
+from mpt.engines.gaudi import CHIPS as _GAUDI_CHIPS
 from mpt.formats import get_format, rounding_mode
+from mpt.functional.attention import flash_runs
 from mpt.amp.fp8 import DelayedScaling
+from mpt.amp.inc import IncConfig
 from mpt.amp.linear import mxfp4_plan, mxfp8_plan, nvfp4_plan
 from mpt.targets import get_target
 
 __all__ = ["Recipe", "LossScaling", "Fp8Config", "BlockScaledConfig", "RECIPES", "get_recipe",
-           "recipe_names", "runs_on"]
+           "recipe_names", "recipes_for"]
 
 _MODEL_FORMATS = ("fp32", "fp16", "bf16")
 
@@ -202,6 +222,8 @@ class Recipe:
     rounding: str = "nearest_even"
     target: str = "h100"
     block_scaled: BlockScaledConfig | None = None
+    inc: IncConfig | None = None
+    cast_rounding: str = "nearest_even"
 
     def __post_init__(self):
         for role in ("param_format", "compute_format", "output_format", "state_format"):
@@ -218,11 +240,7 @@ class Recipe:
         if self.state_format != "fp32":
             raise ValueError(f"state_format must be 'fp32' (mpt.optim keeps FP32 states); got "
                              f"{self.state_format!r}")
-        if self.block_scaled is not None and not isinstance(self.block_scaled, BlockScaledConfig):
-            raise TypeError("block_scaled must be a BlockScaledConfig or None")
-        if self.block_scaled is not None and self.fp8 is not None:
-            raise ValueError("a recipe has FP8 (delayed scaling) or block-scaled Linear layers, "
-                             "not both")
+        self._check_linear_layers()
         self._check_compute()
         self._resolve_target()
         object.__setattr__(self, "rounding", rounding_mode(self.rounding).value)
@@ -231,9 +249,20 @@ class Recipe:
                              f"{self.rounding!r}")
         if not isinstance(self.loss_scaling, LossScaling):
             raise TypeError("loss_scaling must be a LossScaling")
-        if self.fp8 is not None and not isinstance(self.fp8, Fp8Config):
-            raise TypeError("fp8 must be an Fp8Config or None")
 
+    def _check_linear_layers(self):
+        """At most one kind of low-precision Linear layer, each given as its config class."""
+        kinds = (("fp8", Fp8Config), ("block_scaled", BlockScaledConfig), ("inc", IncConfig))
+        for name, cls in kinds:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, cls):
+                raise TypeError(f"{name} must be a {cls.__name__} or None; got "
+                                f"{type(value).__name__}")
+        chosen = [name for name, _ in kinds if getattr(self, name) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"a recipe has one kind of low-precision Linear layer (fp8: "
+                             f"Transformer Engine's delayed scaling, block_scaled, inc: Intel "
+                             f"Neural Compressor's Gaudi scales); got {' and '.join(chosen)}")
 
     def _resolve_target(self):
         """Fill the GEMM models and FP8 flavour the target decides (module docstring)."""
@@ -243,7 +272,19 @@ class Recipe:
             gemm_format = "fp32" if self.compute_format == "fp32" else self.compute_format
             object.__setattr__(self, "matmul_model", target.mma_model(gemm_format))
         get_mma_model(self.matmul_model)
-        if self.fp8 is not None and self.fp8.model is None:
+        self._resolve_fp8(target)
+        if self.block_scaled is not None and self.block_scaled.model is None:
+            object.__setattr__(self, "block_scaled", dataclasses.replace(
+                self.block_scaled, model=_block_scaled_model(self.name, target,
+                                                             self.block_scaled)))
+        self._resolve_inc(target)
+        self._resolve_cast_rounding(target)
+
+    def _resolve_fp8(self, target):
+        """Transformer Engine's FP8 Linear: the target's FP8 model and format flavour."""
+        if self.fp8 is None:
+            return
+        if self.fp8.model is None:
             if target.fp8 is None:
                 raise ValueError(f"recipe {self.name!r} uses FP8 GEMMs, which target "
                                  f"{target.name!r} does not have")
@@ -252,19 +293,57 @@ class Recipe:
                                       scaling=dataclasses.replace(self.fp8.scaling,
                                                                   flavour=flavour))
             object.__setattr__(self, "fp8", fp8)
-        if self.block_scaled is not None and self.block_scaled.model is None:
-            object.__setattr__(self, "block_scaled", dataclasses.replace(
-                self.block_scaled, model=_block_scaled_model(self.name, target,
-                                                             self.block_scaled)))
+        fwd, bwd = (self.fp8.scaling.format_for(r).name for r in ("forward", "backward"))
+        model = get_mma_model(self.fp8.model)       # it must take the recipe's FP8 formats
+        model.config(fwd, fwd), model.config(bwd, fwd)
+
+    def _resolve_cast_rounding(self, target):
+        """How op results round into narrower formats; stochastic needs a Philox target."""
+        object.__setattr__(self, "cast_rounding", rounding_mode(self.cast_rounding).value)
+        if self.cast_rounding not in ("nearest_even", "stochastic"):
+            raise ValueError(f"cast_rounding must be 'nearest_even' or 'stochastic'; got "
+                             f"{self.cast_rounding!r}")
+        if self.cast_rounding == "stochastic" and \
+                target.conversions.stochastic_rounding != "philox":
+            raise ValueError(f"cast_rounding='stochastic' needs a target whose stochastic "
+                             f"rounding mpt models with Philox (trn1, trn2); target "
+                             f"{target.name!r} has {target.conversions.stochastic_rounding}")
+
+    def _resolve_inc(self, target):
+        """INC's FP8 Linear: a Gaudi target's chip, FP8 formats and MME model."""
+        if self.inc is None:
+            return
+        if target.name not in _GAUDI_CHIPS or target.fp8 is None:
+            raise ValueError(f"recipe {self.name!r} uses Intel Neural Compressor's Gaudi FP8 "
+                             f"scales, which target {target.name!r} does not have (gaudi2, "
+                             f"gaudi3)")
+        inc = self.inc
+        inc = dataclasses.replace(inc, chip=inc.chip or target.name,
+                                  model=inc.model or target.mma_model(target.fp8[0]),
+                                  formats=inc.formats or target.fp8)
+        object.__setattr__(self, "inc", inc)
 
     def for_target(self, target) -> "Recipe":
         """This recipe on another target: the GEMM models and FP8 formats that target's
-        (an explicit ``matmul_model`` or FP8 model is replaced by the target's too)."""
+        (an explicit ``matmul_model`` or FP8 model is replaced by the target's too, unless the
+        target offers it as a compiler mode: ``Target.software_models``)."""
+        target = get_target(target)
         fp8 = None if self.fp8 is None else dataclasses.replace(self.fp8, model=None)
         block = None if self.block_scaled is None else \
             dataclasses.replace(self.block_scaled, model=None)
-        return self.replace(target=get_target(target).name, matmul_model=None, fp8=fp8,
+        inc = None if self.inc is None else dataclasses.replace(self.inc, chip=None, model=None,
+                                                                formats=None)
+        matmul = self.matmul_model if self.matmul_model in target.software_models else None
+        return self.replace(target=target.name, matmul_model=matmul, fp8=fp8, inc=inc,
                             block_scaled=block)
+
+    @property
+    def flash_attention(self) -> bool:
+        """Whether ``backend="flash"`` attention runs this recipe's GEMM model (the NVIDIA and
+        IEEE models; AMD's, a TPU's, Gaudi's and Trainium's run attention as plain GEMMs,
+        ``backend="naive"``)."""
+        fmt = "fp32" if self.compute_format == "tf32" else self.compute_format
+        return flash_runs(fmt, self.matmul_model)
 
     def _check_compute(self):
         c, p = self.compute_format, self.param_format
@@ -297,11 +376,12 @@ class Recipe:
     def describe(self) -> dict:
         """The recipe as JSON-ready data."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if f.name not in ("loss_scaling", "fp8", "block_scaled")}
+               if f.name not in ("loss_scaling", "fp8", "block_scaled", "inc")}
         out["grad_format"] = self.grad_format
         out["loss_scaling"] = dataclasses.asdict(self.loss_scaling)
         out["fp8"] = None if self.fp8 is None else self.fp8.describe()
         out["block_scaled"] = None if self.block_scaled is None else self.block_scaled.describe()
+        out["inc"] = None if self.inc is None else self.inc.describe()
         return out
 
 
@@ -366,22 +446,51 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("mxfp4", "nvfp4's recipe in MXFP4: E8M0 scales (OCP's rule) per 1x32 block (32x32 "
            "for weights), no per-tensor scale, Blackwell kind::mxf4", **_BLOCK,
            block_scaled=BlockScaledConfig("mxfp4")),
+    Recipe("tpu-bf16", "TPU, as JAX runs a policy params=float32, compute=bfloat16, "
+           "output=float32: FP32 masters, every op in bf16 (the TPU's flushing f32->bf16 casts), "
+           "bf16 GEMMs one MXU pass into FP32, FP32 logits and loss", param_format="bf16",
+           master_format="fp32", compute_format="bf16", target="tpu"),
+    Recipe("gaudi2-fp8", "Gaudi 2: FP8 Linear layers (E4M3 both ways, INC maxabs_hw scales, "
+           "pow2 gradient scales) on the MME, the rest under bf16 autocast; FP32 weights",
+           compute_format="bf16", autocast=True, inc=IncConfig(), target="gaudi2"),
+    Recipe("gaudi3-fp8", "Gaudi 3: FP8 Linear layers (E4M3 forward, E5M2 gradients, INC "
+           "maxabs_hw scales, pow2 gradient scales) on the MME, the rest under bf16 autocast; FP32 "
+           "weights", compute_format="bf16", autocast=True, inc=IncConfig(), target="gaudi3"),
+    Recipe("trn-bf16-autocast", "Trainium: FP32 weights, masters, optimizer and ops; every GEMM "
+           "compiled with --auto-cast matmult --auto-cast-type bf16 (operands RNE to bf16, FP32 "
+           "PSUM result)", matmul_model="trainium_autocast", target="trn2"),
+    Recipe("trn-bf16-sr", "Trainium under XLA_USE_BF16: every float tensor bf16, no FP32 master, "
+           "stochastic rounding of every op result and update (Philox: the labelled source)",
+           param_format="bf16", compute_format="bf16", rounding="stochastic",
+           cast_rounding="stochastic", target="trn2"),
 )}
 
-
-def runs_on(recipe, target) -> bool:
-    """Whether ``recipe`` (a name or Recipe) can run on ``target`` (its FP8 or block-scaled
-    GEMMs need the target's instructions)."""
-    try:
-        get_recipe(recipe, target)
-    except ValueError:
-        return False
-    return True
+#: Recipes written for one vendor's chips: name -> the targets they are meant for (every other
+#: recipe is portable: :func:`recipes_for` offers it on any target that can run it).
+NATIVE_TARGETS = {"tpu-bf16": ("tpu",), "gaudi2-fp8": ("gaudi2",), "gaudi3-fp8": ("gaudi3",),
+                  "trn-bf16-autocast": ("trn1", "trn2"), "trn-bf16-sr": ("trn1", "trn2")}
 
 
 def recipe_names() -> list[str]:
     """The names of the built-in recipes, in table order."""
     return list(RECIPES)
+
+
+def recipes_for(target) -> list[str]:
+    """The built-in recipes that run on ``target``, in table order: the portable ones whose
+    formats, FP8 GEMMs and roundings it has, and the ones written for it (:data:`NATIVE_TARGETS`).
+    """
+    target = get_target(target)
+    names = []
+    for name in RECIPES:
+        if target.name not in NATIVE_TARGETS.get(name, (target.name,)):
+            continue
+        try:
+            get_recipe(name, target)
+        except ValueError:            # a format, FP8 path or rounding the target does not have
+            continue
+        names.append(name)
+    return names
 
 
 def get_recipe(name, target=None) -> Recipe:

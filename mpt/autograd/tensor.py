@@ -35,6 +35,7 @@ import numpy as np
 
 from mpt._checks import check_bool
 from mpt.formats import Format, get_format
+from mpt.autograd import conversion as _conversion
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
 from mpt.rounding import round as round_format
@@ -92,7 +93,9 @@ def opmath(x: np.ndarray) -> np.ndarray:
 
 def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarray:
     """Round a float32/float64 array once to ``fmt`` (``mpt.round``); no copy when ``x`` already
-    holds that format's values (same dtype and a format whose grid is its dtype's).
+    holds that format's values (same dtype and a format whose grid is its dtype's). Under
+    conversion rules (:mod:`mpt.autograd.conversion`: a TPU's flush, Trainium's stochastic
+    rounding) a round-to-nearest-even into a format they name follows them instead.
 
     Round-to-nearest-even casts float32 → fp16/bf16 and float64 → fp32/fp16 take numpy's /
     ml_dtypes' ``astype``, which is a single correctly rounded RNE conversion for exactly these
@@ -105,6 +108,9 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
         return x
     if x.dtype != np.float32 and x.dtype != np.float64:
         x = opmath(x)  # exact decode of a narrower storage dtype
+    rules = _conversion.current_rules()
+    if rules is not None and mode == "nearest_even" and fmt.name in rules.formats:
+        return _conversion.convert(x, fmt, rules)  # the target's rule (mpt.autograd.conversion)
     if mode == "nearest_even" and (x.dtype, fmt.name) in _ASTYPE_RNE:
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(fmt.dtype)

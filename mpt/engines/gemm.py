@@ -34,7 +34,7 @@ import numpy as np
 from mpt._checks import check_int
 from mpt.engines.model import get_mma_model
 from mpt.engines.operands import operands_class, tiles
-from mpt.formats import get_format
+from mpt.formats import Format, get_format
 from mpt.kernels import mma as _mma
 from mpt.kernels.fma import fma_array
 from mpt.rounding import round as round_format
@@ -52,11 +52,11 @@ def _input_formats(a, b, in_format) -> list[str]:
             except ValueError:
                 raise TypeError(f"{arg} has dtype {x.dtype}, which stores no mpt format") from None
     elif isinstance(in_format, (tuple, list)) and len(in_format) == 2:
-        names = [get_format(f).name for f in in_format]
-    elif isinstance(in_format, str):
-        names = [get_format(in_format).name] * 2
+        names = [_named(f) for f in in_format]
+    elif isinstance(in_format, (str, Format)):
+        names = [_named(in_format)] * 2
     else:
-        raise TypeError("in_format must be None, a format name or a pair of names; "
+        raise TypeError("in_format must be None, a format (name or Format) or a pair of them; "
                         f"got {in_format!r}")
     for arg, x, name in (("a", a, names[0]), ("b", b, names[1])):
         if x.dtype != get_format(name).dtype:
@@ -65,12 +65,31 @@ def _input_formats(a, b, in_format) -> list[str]:
     return names
 
 
+def _named(fmt) -> str:
+    """The name of a format, which :func:`get_format` must find again (a custom format from
+    ``mpt.custom_format`` must belong to a registered family: ``mpt.formats.register_format_names``;
+    Gaudi's FP8 and Trainium's cFP8 formats do)."""
+    found = get_format(fmt)
+    try:
+        again = get_format(found.name)
+    except ValueError:
+        again = None
+    if again != found:
+        raise ValueError(f"in_format {found.name!r} is a custom format that mpt.get_format does "
+                         f"not find by name; use a registered family (e.g. "
+                         f"mpt.engines.gaudi.fp8_format, mpt.engines.trainium.cfp8_format)")
+    return found.name
+
+
 def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, options=None,
-             from_c=True):
+             software=False, from_c=True):
     """Validate the arguments shared by mma and gemm; returns (operands, c as (B, M, N), shape).
     ``scales``: None or (scale_a, scale_b) block scales for the instruction (kinds that take
-    them check them); ``options``: the model's keyword options; ``out_format`` None: from c's
-    dtype (``from_c``), else the configuration's first output (fp32; fp64 for f64 ones)."""
+    them check them); ``options``: the model's keyword options; ``software``: whether the
+    caller is :func:`gemm`, which alone runs a configuration that composes instructions in
+    software (``params`` ``("software", True)``: a TPU f32 dot's bf16 passes); ``out_format``
+    None: from c's dtype (``from_c``), else the configuration's first output (fp32; fp64 for
+    f64 ones)."""
     model = get_mma_model(model)
     a, b = np.asarray(a), np.asarray(b)
     for arg, x, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
@@ -80,6 +99,9 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
         raise ValueError(f"a (..., M, K) and b (..., K, N) disagree on K: {a.shape} and {b.shape}")
     fa, fb = _input_formats(a, b, in_format)
     cfg = model.config(fa, fb, variant, scaled=scales is not None)
+    if cfg.param("software") and not software:
+        raise ValueError(f"model {model.name!r} runs {fa}/{fb} inputs as software around its "
+                         f"instructions ({cfg.instruction}): call mpt.gemm, not mpt.mma")
     if out_format is None:   # from c: fp16, or fp64 where the model has it; else the first
         kind = np.asarray(c).dtype if c is not None and from_c else None
         outputs = [o[0] for o in cfg.outputs]
@@ -138,7 +160,9 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     fp6/fp4 (Blackwell, CDNA4), float64 (FP64 instructions), or float32 with
     ``in_format="tf32"`` (the low 13 bits are dropped, toward zero: NVIDIA's TF32 and AMD
     CDNA3's xf32) or with an IEEE/exact model or AMD's f32 instructions.
-    ``in_format``: None (from the dtypes), a name, or a pair of names for (a, b).
+    ``in_format``: None (from the dtypes), a format (a name or a ``Format``: Gaudi's and
+    Trainium's FP8 formats are float32 arrays of a registered custom format), or a pair of them
+    for (a, b).
     c: (..., M, N) float32 (FP32 output), float16 (FP16 output) or float64 (FP64 output, for
     models that have one), or None for +0; leading batch dimensions broadcast. ``out_format``:
     "fp32", "fp16" or "fp64" (None: c's dtype where the model has that output, else the
@@ -161,7 +185,8 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     k. Returns float32,
     float16 or float64 D; NaNs are the canonical NaN where the hardware writes one (NVIDIA),
     else the model's own (AMD: the payload of an input NaN). Raises ValueError for input/output
-    formats the model does not support. Oracles: ``mpt.reference.mma.mma_reference``,
+    formats the model does not support, and for a configuration that composes instructions in
+    software (a TPU f32 dot: ``mpt.gemm``). Oracles: ``mpt.reference.mma.mma_reference``,
     ``mpt.reference.mfma``; hardware: tests/test_mma_hardware.py.
     """
     scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)
@@ -257,7 +282,7 @@ def gemm(a, b, c=None, *, model, split_k=1, promote_every=None, scale_a=None, sc
         raise ValueError("accumulate='fp16' models the Tensor Core's FP16 output mode alone: "
                          "split_k, promote_every and scales need accumulate='fp32'")
     ops, c3, shape = _prepare(a, b, c, model, in_format, accumulate, variant, block_scales,
-                              options, from_c=False)
+                              options, software=True, from_c=False)
     out_name = _gemm_output(ops.out_format, out_format, promote_every, scaled)
     unit = promote_every or ops.unit
     if promote_every is not None and promote_every % ops.unit:

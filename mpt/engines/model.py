@@ -215,8 +215,12 @@ class MMAModel:
         lists a model's variants in the order its compiler prefers them) among those that take
         block scales when ``scaled`` (:meth:`scaled`) and those that do not otherwise (an
         instruction that only exists with scales runs with unit scales); block-scaled variants
-        that read different scales (Blackwell's mxf8f6f4 / mxf4 / mxf4nvf4) must be named."""
-        found = [cfg for cfg in self.configs if a_format in cfg.inputs and b_format in cfg.inputs]
+        that read different scales (Blackwell's mxf8f6f4 / mxf4 / mxf4nvf4) must be named.
+        A configuration takes a format its kind accepts (``Operands.accepts``: its listed
+        inputs, or e.g. any FP8 format of the chip)."""
+        found = [cfg for cfg in self.configs
+                 if operands_class(self.kind_of(cfg)).accepts(cfg, a_format)
+                 and operands_class(self.kind_of(cfg)).accepts(cfg, b_format)]
         if not found:
             groups = "; ".join(dict.fromkeys("/".join(cfg.inputs) for cfg in self.configs))
             raise ValueError(f"model {self.name!r} does not take inputs ({a_format}, {b_format}); "

@@ -15,7 +15,9 @@ interface:
   hardware returns one (``canonical_nan``).
 
 The base class keeps the accumulator as a plain (B, M, N) array of :attr:`acc_dtype`; subclasses
-with packed, register-blocked kernels override the three methods.
+with packed, register-blocked kernels override the three methods. ``accepts(cfg, fmt)`` (a
+classmethod) says whether a configuration takes a format: ``fmt in cfg.inputs``, or a family
+such as Gaudi's FP8 biases.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
+from mpt.rounding import round as _round
 
 __all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "roundings", "values32",
            "decoded", "batched", "tiles", "transposed", "output_params", "emin_pow2"]
@@ -56,10 +59,19 @@ def values32(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
-    """The exact values of an operand: float64 for fp64, else float32 (:func:`values32`)."""
+    """The exact values of an operand: float64 for fp64, else float32 (:func:`values32`). A
+    custom format (float32 storage) must hold numbers of that format: ValueError otherwise."""
     if fmt == "fp64":
         return np.ascontiguousarray(x, dtype=np.float64)
-    return values32(x, fmt)
+    x32 = values32(x, fmt)
+    if get_format(fmt).custom:
+        with np.errstate(over="ignore", invalid="ignore"):
+            on_grid = _round(x32, fmt).view(np.uint32) == x32.view(np.uint32)
+        bad = ~on_grid & ~np.isnan(x32)
+        if bad.any():
+            raise ValueError(f"operand holds values that are not {fmt} numbers, e.g. "
+                             f"{x32[bad].ravel()[0]!r} (round them first: mpt.round(x, fmt))")
+    return x32
 
 
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +108,13 @@ class Operands:
     OPTIONS: tuple[str, ...] = ()
     #: whether this kind takes the instruction's block scales (``scale_a``/``scale_b``)
     SCALES = False
+
+    @classmethod
+    def accepts(cls, cfg, fmt: str) -> bool:
+        """Whether configuration ``cfg`` takes A or B operands of format ``fmt`` (a name): one of
+        its ``inputs``. A kind whose formats form a parametrised family (Gaudi's FP8 biases,
+        Trainium's cFP8 flavours) overrides it; ``inputs`` then lists the family's usual ones."""
+        return fmt in cfg.inputs
 
     @classmethod
     def check_config(cls, cfg) -> None:

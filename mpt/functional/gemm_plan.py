@@ -22,8 +22,9 @@ Scaling rules are registered by name (:func:`register_scaling`): ``"none"`` (the
 stored, or rounded RNE to ``format``; ``tf32`` keeps the fp32 pattern and lets the MMA drop its
 low 13 bits, as the hardware does) and ``"delayed"`` (Transformer Engine's per-tensor delayed
 scaling: the layer hands a state object with a ``quantize(values)`` method, ``mpt.fp8``, whose
-result carries ``data``, ``format`` and ``scale_inv``). A tensor used by two GEMMs along two axes
-is quantized once per axis (once in all for per-tensor rules).
+result carries ``data``, ``format`` and ``scale_inv``); other modules register theirs (``"inc"``,
+Intel Neural Compressor's per-tensor FP8 scales on Gaudi: :mod:`mpt.amp.inc`). A tensor used by
+two GEMMs along two axes is quantized once per axis (once in all for per-tensor rules).
 
 **Block-scaled rules** (per axis): ``"mx"`` (``mpt.microscaling.quantize_mx``: ``format`` the
 element format, E8M0 scales per ``block`` along the GEMM's reduction axis, ``scale_rule`` "ocp",
@@ -68,7 +69,8 @@ class Quantization:
     scaling rule; ``rounding``: ``"nearest_even"`` or ``"stochastic"`` where the rule rounds
     (block rules also ``"stochastic_8bit"``); ``block``: the block shape of a block-scaled rule
     (None: per tensor); ``scale_rule``: a block rule's scale rule (None: its default);
-    ``wgrad_rht``: the random Hadamard transform before the wgrad quantization (block rules).
+    ``wgrad_rht``: the random Hadamard transform before the wgrad quantization (block rules);
+    ``params``: further (name, value) parameters of a rule (e.g. INC's chip, scale method, role).
     """
 
     format: str | None = None
@@ -77,6 +79,7 @@ class Quantization:
     block: tuple[int, int] | None = None
     scale_rule: str | None = None
     wgrad_rht: bool = False
+    params: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self):
         if self.format is not None:

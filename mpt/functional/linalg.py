@@ -7,11 +7,12 @@ Precision contract:
   operands' storage arrays, FP32 output; the result is rounded once (RNE) to the output format.
   Under autocast these ops are "lower precision": fp32/fp16/bf16 operands are first cast to the
   region's dtype.
-* fp32 operands on a Tensor Core model (anything but ``ieee_fma``, ``ieee_mul_add``, ``exact``)
-  run ``ieee_fma`` instead — FP32 GEMMs run on CUDA cores, as PyTorch's default
+* fp32 operands on a model without an fp32 configuration (NVIDIA's Tensor Cores) run
+  ``ieee_fma`` instead — FP32 GEMMs run on CUDA cores, as PyTorch's default
   ``allow_tf32=False``; cast to ``"tf32"`` (or use a TF32 :class:`~mpt.functional.GemmPlan`) to
-  use TF32 Tensor Cores. (On AMD models the FP32 GEMMs are the f32 MFMA instructions, a
-  sequential FMA per k: the same bits as ``ieee_fma`` but for NaN payloads.)
+  use TF32 Tensor Cores. A model with one runs them itself: AMD's f32 MFMA (a sequential FMA per
+  k, the same bits as ``ieee_fma`` but for NaN payloads), Gaudi's MME, Trainium's engine, a TPU's
+  f32 dot (XLA's bf16 passes at JAX's default precision).
 * fp64 operands (gradient checks) use ``mpt.kernels.ops.matmul_f64``: sequential float64 FMA in
   increasing k.
 * ``linear`` runs a :class:`~mpt.functional.gemm_plan.GemmPlan` (default: the operands as stored,
@@ -32,6 +33,7 @@ import numpy as np
 
 from mpt.functional.autocast import autocast_op, current_model
 from mpt.engines import gemm as _mma_gemm
+from mpt.engines import get_mma_model
 from mpt.autograd.function import Function
 from mpt.functional._common import as_rows, check_tensor, common_format, sum_axes, unbroadcast
 from mpt.functional.gemm_plan import GemmPlan, Operand, per_axis, quantize_operand
@@ -47,7 +49,8 @@ _DEFAULT_PLAN = GemmPlan()
 
 def gemm_model(fmt, model: str) -> str:
     """The model a GEMM on ``fmt`` operands runs under the active ``model`` (module docstring)."""
-    if fmt.name == "fp32" and model not in _FP32_MODELS:
+    if fmt.name == "fp32" and model not in _FP32_MODELS and \
+            "fp32" not in get_mma_model(model).input_formats:
         return "ieee_fma"
     return model
 

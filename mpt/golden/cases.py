@@ -4,11 +4,12 @@ Each kind is ``compute(inputs, params) -> outputs`` with mpt's public operations
 is bit-exact (mpt is deterministic: its results do not depend on the thread count). Kinds:
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
-  dtype (float32, float16, or float64 for FP64 instructions); an instruction ``variant``, the block-scaled ones with the
-  instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and ``choices`` of the model's
+  dtype (float32, float16, or float64 for FP64 instructions); an instruction ``variant``, the
+  block-scaled ones with the instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and ``choices`` of the model's
   assumed rules (``MMAModel.configure``); outputs ``d``.
 - ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion, float32 software scales and the
-  instruction's block scales (E8M0/UE4M3 codes); outputs ``d``.
+  instruction's block scales (E8M0/UE4M3 codes), and the model's keyword options (``options``: a
+  TPU f32 dot's pass algorithm, Trainium's auto-cast); outputs ``d``.
 - ``microscaling``: :func:`mpt.microscaling.quantize_mx` / ``quantize_nvfp4`` (every element
   format, scale rule, block shape and rounding mode) and ``hadamard_transform``; outputs the
   element ``codes``, block ``scales``, NVFP4's ``tensor_scale`` and ``amax``, or ``y``.
@@ -21,7 +22,8 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
 - ``attention``: :func:`mpt.functional.scaled_dot_product_attention` forward and backward (given
   dO) for one backend; outputs ``out``, ``dq``, ``dk``, ``dv``.
 - ``train_steps``: a few :class:`mpt.train.Trainer` steps of a tiny GPT under one recipe, from
-  stored weights and batches; outputs the losses and every parameter after the last step.
+  stored weights and batches, attention on ``backend`` (default "flash"); outputs the losses and
+  every parameter after the last step.
 
 ``default_cases(rng)`` returns ``(name, kind, params, inputs)`` tuples for the default suite.
 """
@@ -127,9 +129,10 @@ def _spec_vectors(fmt: str):
 
 def _model_cases(rng, model, k=32, skip=()):
     """An edge, a random and a test-vector case (m = n = 4) per input format (but ``skip``) and
-    output of ``model`` (its default variant)."""
+    output of ``model`` (its default variant; the configurations only mpt.gemm runs excluded)."""
     cases = []
-    fmts = dict.fromkeys(f for cfg in model.configs for f in cfg.inputs if f not in skip)
+    fmts = dict.fromkeys(f for cfg in model.configs if not cfg.param("software")
+                         for f in cfg.inputs if f not in skip)
     for fmt in fmts:
         outs = [o for o, _, _ in model.config(fmt, fmt).outputs]
         for out in outs:
@@ -164,9 +167,11 @@ def _k4096_cases(rng, pairs):
 
 
 def _mma_cases(rng):
-    """Every model but AMD's (``_mfma_cases``) per format and output, the instruction variants,
+    """Every NVIDIA and reference model (AMD's: ``_mfma_cases``; TPU, Gaudi, Trainium:
+    ``_other_vendor_cases``) per format and output, the instruction variants,
     the block-scaled instructions, FP64 and K = 4096 chains."""
-    cases = [c for model in mma_models().values() if model.kind != "mfma"
+    cases = [c for model in mma_models().values()
+             if model.kind != "mfma" and model.kind not in _OTHER_VENDOR_KINDS
              for c in _model_cases(rng, model, skip=("fp64",))]
     cases += _variant_cases(rng) + _block_scaled_cases(rng)
     for model in ("ampere", "hopper"):
@@ -366,6 +371,46 @@ def _microscaling_cases(rng):
     return cases
 
 
+#: Arithmetic kinds of the TPU, Gaudi and Trainium models, whose cases come after all others (so
+#: that adding them left the earlier cases' inputs unchanged).
+_OTHER_VENDOR_KINDS = ("xla_dot", "mme", "psum")
+
+
+def _other_vendor_cases(rng):
+    """Per TPU, Gaudi and Trainium model an edge, a random and a test-vector case per input
+    format mpt.mma runs (K = 32; FP32 output, their only one)."""
+    return [c for model in mma_models().values() if model.kind in _OTHER_VENDOR_KINDS
+            for c in _model_cases(rng, model)]
+
+
+def _software_gemm_cases(rng):
+    """The configurations only mpt.gemm runs: a TPU's f32 dot under XLA's pass algorithms (both
+    decompositions, Inf/NaN and subnormal operands included) and Trainium's auto-cast; and a
+    Gaudi 3 GEMM split in K."""
+    m, k, n = 4, 96, 8
+    specs = (  # name, model, format, split_k, options
+        ("tpu-bf16x3-xla", "tpu", "fp32", 1, {"algorithm": "BF16_BF16_F32_X3"}),
+        ("tpu-bf16x6-triton", "tpu", "fp32", 1,
+         {"algorithm": "BF16_BF16_F32_X6", "decomposition": "triton"}),
+        ("tpu-bf16x9-xla-daz", "tpu", "fp32", 1,
+         {"algorithm": "BF16_BF16_F32_X9", "conversion": "tpu_daz"}),
+        ("tpu-tf32x3-triton-k16", "tpu", "fp32", 1,
+         {"algorithm": "TF32_TF32_F32_X3", "decomposition": "triton", "block_k": 16}),
+        ("tpu-default-splitk2", "tpu", "fp32", 2, {"precision": "default"}),
+        ("trainium-autocast-bf16", "trainium_autocast", "fp32", 1, {}),
+        ("gaudi3-bf16-splitk3", "gaudi3", "bf16", 3, {}),
+    )
+    cases = []
+    for name, model, fmt, split_k, options in specs:
+        a = _edge(rng, fmt, (m, k)) if model == "tpu" else _random(rng, fmt, (m, k))
+        inputs = {"a": a, "b": _random(rng, fmt, (k, n)),
+                  "c": _random(rng, "fp32", (m, n)).astype(np.float32)}
+        params = {"model": model, "in_format": fmt, "split_k": split_k, "promote_every": None,
+                  "out_format": "fp32", "options": options}
+        cases.append((f"gemm-{name}", "gemm", params, inputs))
+    return cases
+
+
 def _fake_quant_cases(rng):
     x = np.concatenate([rng.standard_normal(250) * 3, [0.0, -0.0, 1e30, -1e30, 2.5, -2.5]])
     x = x.astype(np.float32)                                                # (256,)
@@ -420,19 +465,26 @@ def _attention_cases(rng):
 
 def _train_cases(rng):
     """Two steps of a tiny GPT (vocab 16, width 16, 1 layer, 2 heads, context 8) per recipe,
-    from stored fp32 weights and token batches."""
+    from stored fp32 weights and token batches; attention on the flash backend where it runs
+    the recipe's GEMM model, else the naive one."""
     shape, steps, batch = [16, 16, 1, 2, 8], 2, 4
     init = {f"init.{k}": v for k, v in GPT(*shape, seed=int(rng.integers(2**31))).state_dict()
             .items()}
     idx = rng.integers(0, 16, (steps, batch, 9))                            # (steps, B, T+1)
     tokens = {"idx": idx[..., :-1].copy(), "targets": idx[..., 1:].copy()}  # (steps, B, T)
-    return [(f"train_steps-{recipe}", "train_steps", {"recipe": recipe, "gpt": shape, "lr": 1e-2},
-             {**init, **tokens}) for recipe in recipe_names()
-            if get_recipe(recipe).block_scaled is None]    # (their GEMMs: mma/gemm cases)
+    recipes = [get_recipe(r) for r in recipe_names()]
+    return [(f"train_steps-{r.name}", "train_steps",
+             {"recipe": r.name, "gpt": shape, "lr": 1e-2,
+              "backend": "flash" if r.flash_attention else "naive"}, {**init, **tokens})
+            for r in recipes if r.block_scaled is None]    # (their GEMMs: mma/gemm cases)
 
 
 def default_cases(rng: np.random.Generator) -> list[tuple]:
-    """The non-rounding cases of the default suite, as (name, kind, params, inputs)."""
-    return [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
-                            _grad_scaler_cases, _attention_cases, _train_cases, _mfma_cases)
-            for c in build(rng)] + _microscaling_cases(np.random.default_rng(rng.integers(2**32)))
+    """The non-rounding cases of the default suite, as (name, kind, params, inputs). Cases are
+    appended in the order they were added to mpt, each group drawing from ``rng`` after the
+    earlier ones, so that new groups leave the earlier cases' inputs unchanged."""
+    cases = [c for build in (_mma_cases, _gemm_cases, _fake_quant_cases, _optim_cases,
+                             _grad_scaler_cases, _attention_cases, _train_cases, _mfma_cases)
+             for c in build(rng)]
+    cases += _microscaling_cases(np.random.default_rng(rng.integers(2**32)))
+    return cases + _other_vendor_cases(rng) + _software_gemm_cases(rng)

@@ -37,7 +37,7 @@ def _compute_gemm(inputs, params):
                       promote_every=params["promote_every"], scale_a=inputs.get("scale_a"),
                       scale_b=inputs.get("scale_b"), out_format=params["out_format"],
                       variant=params.get("variant"), block_scale_a=inputs.get("block_scale_a"),
-                      block_scale_b=inputs.get("block_scale_b"))}
+                      block_scale_b=inputs.get("block_scale_b"), **params.get("options", {}))}
 
 
 def _compute_microscaling(inputs, params):
@@ -110,7 +110,7 @@ def _compute_attention(inputs, params):
 
 
 def _compute_train_steps(inputs, params):
-    model = GPT(*params["gpt"], seed=0)                  # shape only: the weights are loaded
+    model = GPT(*params["gpt"], seed=0, backend=params.get("backend", "flash"))  # (loaded)
     model.load_state_dict({k[len("init."):]: v for k, v in inputs.items() if k.startswith("init.")})
     trainer = Trainer(model, params["recipe"], TrainConfig(lr=params["lr"]))
     losses = [trainer.train_step([(idx, tgt)]).loss

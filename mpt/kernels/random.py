@@ -15,6 +15,11 @@ mpt's stream layout: ``seed`` (64 bits) is the key; the counter is ``(j_lo, j_hi
 stream_hi)`` for block ``j``; element ``i`` of a stream takes word ``i % 4`` of block ``i // 4``.
 So word ``i`` depends only on ``(seed, stream, i)``: any split of the index range over threads
 gives the same words.
+
+Also here: :func:`lfsr_fill`, the 32-bit Galois LFSR that Habana's MME reference model steps per
+lane of its stochastic-rounding output conversion (``state >>= 1``, then ``state ^= polynomial``
+when the bit shifted out was 1). With a primitive polynomial (e.g. 0x80200003, taps 32, 22, 2, 1)
+a lane visits every non-zero 32-bit value once per period of 2^32 - 1 steps.
 """
 import numpy as np
 from numba import njit, prange
@@ -22,7 +27,7 @@ from numba import njit, prange
 from mpt._checks import check_int
 
 __all__ = ["philox4x32", "philox_block", "philox_word", "fill_words", "split64", "random_words",
-           "BLOCK", "CHUNK"]
+           "lfsr_fill", "BLOCK", "CHUNK"]
 
 _M0 = np.uint64(0xD2511F53)
 _M1 = np.uint64(0xCD9E8D57)
@@ -100,3 +105,19 @@ def random_words(seed, stream, n):
     out = np.empty(check_int("n", n, min=0), np.uint32)  # (n,)
     _fill_words(out, split64(seed, "seed"), split64(stream, "stream"))
     return out
+
+
+@njit(cache=True)
+def lfsr_fill(out, states, polynomial):
+    """out[i] = the state of lane i % L (L = states.size), which then steps once (Galois LFSR).
+
+    out: (n,) uint32; states: (L,) uint32, in: each lane's state, out: its state after the call
+    (so a next call continues the sequences); polynomial: the uint32 tap mask. Element i thus
+    gets step i // L of its lane: serial and cheap (one shift and one xor per word).
+    """
+    lanes = states.size
+    for i in range(out.size):
+        lane = i % lanes
+        s = states[lane]
+        out[i] = s
+        states[lane] = (s >> np.uint32(1)) ^ (polynomial if s & np.uint32(1) else np.uint32(0))

@@ -43,6 +43,12 @@ with block-scaled MMA, ``--target b200``), the relative quantization error of th
 over the run and the share of non-zero inputs clamped at their block's largest code;
 ``time s``: wall time of the recipe's run.
 
+**Across chips** (``compare_targets``, ``mpt study --compare-targets``; off by default): the
+same network trained under ``bf16-amp`` and each chip's own recipes on the models of H100,
+MI300X (A100 where mpt has no MI300X target), a TPU, Gaudi 3 and Trainium2 side by side —
+``mpt.study.targets``. ``--target T`` runs the main table on another chip: every recipe
+``mpt.recipes_for(T)`` lists.
+
 **Quantization sections** (``quant``, default on for the Markov corpus; ``--no-quant`` skips
 them): QAT vs post-training quantization of a bigram MLP into integer-only models, and LoRA
 fine-tunes over fp16/bf16/int8/NF4 bases — ``mpt.study.quant``; their step counts scale with

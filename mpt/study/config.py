@@ -7,13 +7,19 @@ import os
 from dataclasses import dataclass
 
 from mpt._checks import check_bool, check_int
-from mpt.amp.recipes import get_recipe, recipe_names, runs_on
-from mpt.functional.attention import flash_runs
+from mpt.amp.recipes import get_recipe, recipes_for
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig
 
 
 __all__ = ["StudyConfig"]
+
+def attention_backend(recipes) -> str:
+    """"flash" when the flash kernels run every recipe's GEMM model (NVIDIA, the CPU), else
+    "naive" for all recipes alike (AMD, TPU, Gaudi, Trainium: their models run through
+    mpt.gemm), so that rows compared with each other differ by their recipes alone."""
+    return "flash" if all(r.flash_attention for r in recipes) else "naive"
+
 
 @dataclass(frozen=True)
 class StudyConfig:
@@ -41,12 +47,13 @@ class StudyConfig:
     text: str | None = None
     quant: bool = True
     attention: str | None = None
+    compare_targets: tuple[str, ...] = ()
 
     def __post_init__(self):
         target = get_target(self.target)
         object.__setattr__(self, "target", target.name)
         if self.recipes is None:   # every built-in recipe the target can run
-            names = [r for r in recipe_names() if runs_on(r, target)]
+            names = recipes_for(target)
         else:
             names = [get_recipe(r).name for r in self.recipes]
         object.__setattr__(self, "recipes", tuple(get_recipe(r, target).name for r in names))
@@ -60,6 +67,8 @@ class StudyConfig:
         object.__setattr__(self, "corpus_seed",
                            check_int("corpus_seed", self.corpus_seed, min=0, max=2**64 - 1))
         object.__setattr__(self, "quant", check_bool("quant", self.quant))
+        object.__setattr__(self, "compare_targets",
+                           tuple(get_target(t).name for t in self.compare_targets))
         if self.text is not None and not isinstance(self.text, (str, os.PathLike)):
             raise TypeError(f"text must be None or a file path; got {type(self.text).__name__}")
         if self.d_model % self.n_heads:
@@ -70,18 +79,14 @@ class StudyConfig:
         self.train_config()          # checks lr, min_lr, warmup_steps, betas, weight_decay, seed
 
     def _attention_backend(self, target) -> str:
-        """``attention``: "flash" or "naive"; None picks "flash" when the flash kernels run every
-        recipe's GEMM model (NVIDIA, the CPU), else "naive" for all recipes alike (AMD: the MFMA
-        models run through mpt.gemm), so that the rows differ by their recipes alone."""
+        """``attention``: "flash" or "naive"; None picks :func:`attention_backend` of the
+        recipes on ``target``."""
         if self.attention is not None:
             if self.attention not in ("flash", "naive"):
                 raise ValueError(f"attention must be None, 'flash' or 'naive'; got "
                                  f"{self.attention!r}")
             return self.attention
-        recipes = [get_recipe(r, target) for r in self.recipes]
-        flash = all(flash_runs("fp32" if r.compute_format == "tf32" else r.compute_format,
-                               r.matmul_model) for r in recipes)
-        return "flash" if flash else "naive"
+        return attention_backend(get_recipe(r, target) for r in self.recipes)
 
     @property
     def micro_tokens(self) -> int:

@@ -11,6 +11,7 @@ from mpt.amp.recipes import get_recipe
 from mpt.formats import get_format
 from mpt.study.quant import quant_markdown
 from mpt.study.run import StudyResult
+from mpt.study.targets import targets_markdown
 from mpt.targets import get_target
 
 __all__ = ["table_rows", "format_table", "write_report"]
@@ -100,6 +101,8 @@ def _markdown(result: StudyResult, plots: list[str]) -> str:
     lines += ["", "Workload and columns in detail: `python -c \"import mpt.study; "
               "help(mpt.study)\"`. Every step's metrics are in `study.json`.", ""]
     lines += [f"![{p}]({p})" for p in plots]
+    if result.targets is not None:
+        lines += ["", targets_markdown(result.targets)]
     if result.quant is not None:
         lines += ["", quant_markdown(result.quant)]
     return "\n".join(lines) + "\n"

@@ -1,22 +1,26 @@
 """L5: running the study — one trainer per recipe on the same batches, the results per recipe."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
 from dataclasses import dataclass, field
 
-from mpt.amp.recipes import get_recipe
+from mpt.amp.recipes import NATIVE_TARGETS, get_recipe, recipes_for
+from mpt.engines import get_mma_model
 from mpt.kernels.threads import one_thread
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
 from mpt.study.quant import QuantStudyConfig, run_quant_study
 from mpt.train.corpus import MarkovCorpus, TextCorpus
+from mpt.targets import get_target
 from mpt.train.trainer import Trainer
-from mpt.study.config import StudyConfig
+from mpt.study.config import StudyConfig, attention_backend
 
 
-__all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study"]
+__all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study", "TargetRun", "TargetsResult",
+           "run_targets", "default_targets"]
 
 
 @dataclass
@@ -57,10 +61,12 @@ class StudyResult:
     corpus: dict
     runs: dict = field(default_factory=dict)
     quant: object = None  # mpt.study.quant.QuantStudyResult, or None when not run
+    targets: object = None  # mpt.study.targets.TargetsResult, or None when not run
 
     def to_dict(self) -> dict:
         return {"config": self.config.describe(), "corpus": self.corpus,
                 "quant": None if self.quant is None else self.quant.to_dict(),
+                "targets": None if self.targets is None else self.targets.to_dict(),
                 "runs": {name: {"recipe": get_recipe(name).describe(),
                                 "final_loss": r.final_loss, "seconds": r.seconds,
                                 "parameters": r.parameters,
@@ -141,12 +147,80 @@ def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = F
                      trainer.parameters_summary()["parameters"], _bytes_per_parameter(recipe))
 
 
+def default_targets() -> tuple[str, ...]:
+    """H100, MI300X, TPU, Gaudi 3, Trainium2."""
+    return ("h100", "mi300x", "tpu", "gaudi3", "trn2")
+
+
+# ---- the cross-chip section (mpt.study.targets) -----------------------------------------------
+_PORTABLE = "bf16-amp"
+
+
+@dataclass
+class TargetRun:
+    """One (target, recipe) run: the recipe resolved on the target and its :class:`RecipeRun`."""
+
+    target: str
+    recipe: str
+    model: str
+    evidence: str
+    run: RecipeRun
+
+
+@dataclass
+class TargetsResult:
+    targets: tuple[str, ...]
+    rows: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"targets": list(self.targets),
+                "rows": [{"target": r.target, "recipe": r.recipe, "model": r.model,
+                          "evidence": r.evidence, "final_loss": r.run.final_loss,
+                          "seconds": r.run.seconds, "totals": r.run.totals()}
+                         for r in self.rows]}
+
+
+def _recipes(target: str) -> list[str]:
+    """The portable bf16 recipe (where the target runs it) and the target's own."""
+    runnable = recipes_for(target)
+    native = [r for r in runnable if target in NATIVE_TARGETS.get(r, ())]
+    return ([_PORTABLE] if _PORTABLE in runnable else []) + native
+
+
+def run_targets(config, names=None, corpus=None, progress: bool = False) -> TargetsResult:
+    """Train ``config``'s network on each target of ``names`` (default :func:`default_targets`)
+    under its recipes (module docstring); ``config`` is a ``StudyConfig`` (its own target and
+    recipes are not used). Attention runs on one backend for every row
+    (:func:`~mpt.study.config.attention_backend` of all the recipes on all the targets)."""
+    names = tuple(get_target(t).name for t in (names or default_targets()))
+    plans = {name: _recipes(name) for name in names}
+    attention = attention_backend(get_recipe(r, name) for name in names for r in plans[name])
+    if config.attention == "naive":
+        attention = "naive"
+    result = TargetsResult(names)
+    for name, recipes in plans.items():
+        on_target = dataclasses.replace(config, target=name, recipes=tuple(recipes),
+                                        compare_targets=(), attention=attention)
+        for recipe_name in recipes:
+            recipe = get_recipe(recipe_name, name)
+            fmt = "fp32" if recipe.compute_format == "tf32" else recipe.compute_format
+            model = get_mma_model(recipe.matmul_model)
+            cfg = model.config(fmt, fmt) if fmt in model.input_formats else model.configs[0]
+            run = run_recipe(on_target, recipe_name, corpus, progress)
+            result.rows.append(TargetRun(name, recipe_name, model.name, cfg.evidence, run))
+    return result
+
+
 def run_study(config: StudyConfig = StudyConfig(), progress: bool = False) -> StudyResult:
-    """Run every recipe of ``config`` in order; progress bars on stderr when ``progress``."""
+    """Run every recipe of ``config`` in order, then the cross-chip section when
+    ``config.compare_targets`` names targets (:mod:`mpt.study.targets`); progress bars on stderr
+    when ``progress``."""
     corpus = _corpus(config)
     result = StudyResult(config, corpus.describe())
     for name in config.recipes:
         result.runs[name] = run_recipe(config, name, corpus, progress)
+    if config.compare_targets:
+        result.targets = run_targets(config, config.compare_targets, corpus, progress)
     if config.quant and config.text is None:
         if progress:
             print("quantization sections (QAT vs PTQ, LoRA) ...", file=sys.stderr, flush=True)

@@ -2,6 +2,7 @@
 model per input format, FP8 formats, conversion rules and evidence. Vendor modules register their
 targets when this package is imported."""
 from mpt.targets import nvidia, amd  # noqa: F401  (register the CPU, NVIDIA and AMD targets)
+from mpt.targets import tpu, gaudi, trainium  # noqa: F401  (then the other vendors')
 from mpt.targets.target import (Conversions, Target, get_target, register_target, targets,
                                 targets_table_rows)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mpt._registry import Registry
-from mpt.engines.model import EVIDENCE, get_mma_model
+from mpt.engines.model import EVIDENCE, Assumption, get_mma_model
 from mpt.formats import get_format
 
 __all__ = ["Conversions", "Target", "register_target", "get_target", "targets",
@@ -36,18 +36,25 @@ class Conversions:
     (TPU's f32→bf16); ``fp8_saturate``: FP8 casts clamp to ±max (Transformer Engine's casts) or
     overflow to Inf/NaN; ``stochastic_rounding``: the random source of the target's stochastic
     rounding (``None``: not offered; ``"philox"``: mpt's counter-based Philox stream, the
-    assumption wherever the vendor does not document its generator); ``evidence``: the label of
-    these rules.
+    assumption wherever the vendor does not document its generator; ``"lfsr"``: Gaudi's
+    per-lane LFSR); ``evidence``: the label of these rules; ``modes``: the rounding modes the
+    target's converters offer, where a source lists them (empty: not described);
+    ``assumptions``: the rules of these conversions that are assumed (:class:`Assumption`,
+    choices listed; the first is the one mpt applies).
     """
 
     flush_subnormals: tuple[str, ...] = ()
     fp8_saturate: bool = True
     stochastic_rounding: str | None = None
     evidence: str = "documented"
+    modes: tuple[str, ...] = ()
+    assumptions: tuple[Assumption, ...] = ()
 
     def __post_init__(self):
         if self.evidence not in EVIDENCE:
             raise ValueError(f"evidence must be one of {EVIDENCE}; got {self.evidence!r}")
+        if not all(isinstance(a, Assumption) for a in self.assumptions):
+            raise TypeError("assumptions must be a tuple of Assumption")
         object.__setattr__(self, "flush_subnormals",
                            tuple(get_format(f).name for f in self.flush_subnormals))
 
@@ -55,8 +62,11 @@ class Conversions:
 @dataclass(frozen=True)
 class Target:
     """One accelerator (module docstring). ``mma``: (input format, MMA model name) pairs — fp8
-    formats under the key ``"fp8"``; ``fp8``: (forward, backward) FP8 formats of its recipes, or
-    None if it has no FP8 GEMMs; ``sources``: where the description comes from."""
+    formats (any 8-bit float: OCP, FNUZ, Gaudi's, cFP8) under the key ``"fp8"``; ``fp8``:
+    (forward, backward) FP8 formats of its recipes, or None if it has no FP8 GEMMs; ``sources``:
+    where the description comes from; ``software_models``: MMA models of compiler modes a recipe
+    may choose on this chip besides the per-format ones (Trainium's ``--auto-cast``: a recipe's
+    explicit ``matmul_model`` among them survives ``Recipe.for_target``)."""
 
     name: str
     vendor: str
@@ -66,19 +76,22 @@ class Target:
     conversions: Conversions = field(default_factory=Conversions)
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    software_models: tuple[str, ...] = ()
 
     def __post_init__(self):
         for fmt, model in self.mma:
             get_mma_model(model)   # ValueError for an unknown model
             if fmt != "fp8":
                 get_format(fmt)
+        for model in self.software_models:
+            get_mma_model(model)
         if self.fp8 is not None:
             object.__setattr__(self, "fp8", tuple(get_format(f).name for f in self.fp8))
 
     def mma_model(self, fmt) -> str:
         """The MMA model this target runs GEMMs on ``fmt`` operands with."""
         name = get_format(fmt).name
-        key = "fp8" if name in _FP8 else name
+        key = "fp8" if _is_fp8(name) else name
         for f, model in self.mma:
             if f == key:
                 return model
@@ -93,7 +106,7 @@ class Target:
         out = {}
         for fmt, model_name in self.mma:
             model = get_mma_model(model_name)
-            formats = [f for f in (_FP8 if fmt == "fp8" else (fmt,)) if f in model.input_formats]
+            formats = [f for f in model.input_formats if (_is_fp8(f) if fmt == "fp8" else f == fmt)]
             out[fmt] = max((model.config(f, f).evidence for f in formats), key=EVIDENCE.index)
         return out
 
@@ -114,8 +127,19 @@ class Target:
                 "conversions": {"flush_subnormals": list(self.conversions.flush_subnormals),
                                 "fp8_saturate": self.conversions.fp8_saturate,
                                 "stochastic_rounding": self.conversions.stochastic_rounding,
-                                "evidence": self.conversions.evidence},
+                                "evidence": self.conversions.evidence,
+                                "modes": list(self.conversions.modes),
+                                "assumptions": [{"name": a.name, "choices": list(a.choices),
+                                                 "description": a.description}
+                                                for a in self.conversions.assumptions]},
+                "software_models": list(self.software_models),
                 "sources": list(self.sources)}
+
+
+def _is_fp8(name: str) -> bool:
+    """Whether a format is an 8-bit float (the ``"fp8"`` key of :attr:`Target.mma`)."""
+    fmt = get_format(name)
+    return name in _FP8 or (fmt.kind == "float" and fmt.bits == 8)
 
 
 _TARGETS = Registry(Target, "target", "targets")
@@ -144,12 +168,17 @@ def targets_table_rows() -> list[tuple[str, ...]]:
     for t in _TARGETS.all().values():
         by_format = t.evidence_by_format()
         models = ", ".join(f"{f}: {m} ({by_format[f]})" for f, m in t.mma)
+        if t.software_models:
+            models += ", compiler modes: " + ", ".join(t.software_models)
         c = t.conversions
         rules = "; ".join(x for x in (
             f"flush subnormals to {'/'.join(c.flush_subnormals)}" if c.flush_subnormals else "",
             "saturating fp8 casts" if c.fp8_saturate else "fp8 casts overflow",
+            f"modes: {', '.join(c.modes)}" if c.modes else "",
             f"stochastic rounding: {c.stochastic_rounding}" if c.stochastic_rounding else "",
-            f"({c.evidence})") if x)
+            f"({c.evidence})",
+            "assumed: " + ", ".join(f"{a.name} ({'|'.join(a.choices)})" for a in c.assumptions)
+            if c.assumptions else "") if x)
         rows.append((t.name, t.vendor, models, "/".join(t.fp8) if t.fp8 else "-", rules,
                      ", ".join(t.aliases) or "-"))
     return rows

@@ -5,14 +5,19 @@ numbers.
 ``mpt.nn.GPT``), a recipe (``mpt.recipes``) and a :class:`TrainConfig`, and sets up:
 
 * the **network copy**: Linear layers swapped for ``mpt.amp.linear.Fp8Linear`` (recipes with
-  ``fp8``), ``BlockScaledLinear`` (recipes with ``block_scaled``; all but the last ``bf16_last``, numbered in
-  module order, their stochastic rounding keyed by ``config.seed``, the step and the micro-batch)
-  or ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
-  ``recipe.param_format``;
+  ``fp8``), ``PlanLinear`` with the recipe's INC plan (``inc``: Gaudi FP8 recipes),
+  ``BlockScaledLinear`` (``block_scaled``: all but the last ``bf16_last``, numbered in module
+  order, their stochastic rounding keyed by ``config.seed``, the step and the micro-batch) or
+  ``Tf32Linear`` (compute format tf32), then the parameters rounded (RNE) to
+  ``recipe.param_format``; attention runs on the network's own backend (``backend="flash"``
+  needs a model the flash kernels take: ``mpt.functional.attention.flash_runs``);
 * the **optimizer**: ``mpt.optim.AdamW`` with FP32 states, FP32 masters when
   ``recipe.master_format`` is set (``master_weights=True``), the copy-down in ``recipe.rounding``
   (stochastic rounding keyed by ``config.seed``, the parameter and the step), the fused kernel;
-* the **loss scaler**: ``mpt.amp.GradScaler`` (dynamic) or ``StaticLossScale``, recording.
+* the **loss scaler**: ``mpt.amp.GradScaler`` (dynamic) or ``StaticLossScale``, recording;
+* the **conversion rules** of the target (:mod:`mpt.autograd.conversion`: a TPU's flushing
+  f32→bf16 casts; with ``recipe.cast_rounding="stochastic"``, stochastic rounding of every op
+  result, keyed by ``config.seed`` and the step), in effect for every step and evaluation.
 
 One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
 
@@ -46,14 +51,16 @@ import numpy as np
 import mpt.functional as F
 from mpt._checks import check_bool, check_int, check_real
 from mpt.amp.scaler import GradScaler, StaticLossScale
+from mpt.autograd.conversion import ConversionRules, conversion_rules
 from mpt.functional.autocast import autocast, matmul_model
 from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
                              log2_histogram, lost_update_fraction, tensor_cast_stats)
-from mpt.amp.linear import BlockScaledLinear, Fp8Linear, Tf32Linear, replace_linears
+from mpt.amp.linear import BlockScaledLinear, Fp8Linear, PlanLinear, Tf32Linear, replace_linears
 from mpt.nn import Linear
 from mpt.optim import AdamW, clip_grad_norm_
 from mpt.amp.recipes import Recipe, get_recipe
 from mpt.autograd.tensor import no_grad, opmath
+from mpt.targets import get_target
 
 __all__ = ["TrainConfig", "StepMetrics", "Trainer", "learning_rate"]
 
@@ -227,7 +234,10 @@ class Trainer:
 
     def _swap_linears(self) -> dict:
         recipe = self.recipe
-        if recipe.fp8 is not None:
+        if recipe.inc is not None:
+            plan = recipe.inc.plan()
+            replace_linears(self.network, lambda lin: PlanLinear(lin, plan))
+        elif recipe.fp8 is not None:
             fp8 = recipe.fp8
             replace_linears(self.network, lambda lin: Fp8Linear(
                 lin, fp8.scaling, model=fp8.model, promote_every=fp8.promote_every,
@@ -246,6 +256,18 @@ class Trainer:
         plan, index = config.plan(), {id(m): i for i, m in enumerate(linears)}
         replace_linears(self.network, lambda lin: lin if id(lin) in keep else BlockScaledLinear(
             lin, plan, seed=self.config.seed, index=index[id(lin)]))
+
+    def conversions(self, step: int):
+        """Context manager: the conversion rules of the recipe's target for ``step``
+        (:mod:`mpt.autograd.conversion`: its subnormal flushes; with ``cast_rounding=
+        "stochastic"``, stochastic rounding of every op result into bf16/fp16, keyed by
+        ``config.seed`` and the step)."""
+        r = self.recipe
+        flush = get_target(r.target).conversions.flush_subnormals
+        stochastic = ("bf16", "fp16") if r.cast_rounding == "stochastic" else ()
+        rules = ConversionRules(flush, stochastic, self.config.seed, step) \
+            if flush or stochastic else None
+        return conversion_rules(rules)
 
     # ---- forward ---------------------------------------------------------------------------
     @property
@@ -280,7 +302,7 @@ class Trainer:
         fp8 = {name: layer.fp8_state_dict() for name, layer in self.fp8_layers.items()}
         self.network.eval()
         try:
-            with no_grad():
+            with no_grad(), self.conversions(self.step_count):
                 losses = [float(self._logits_and_loss(i, t)[1].item()) for i, t in batches]
         finally:
             self.network.train()
@@ -306,19 +328,20 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         detail = step in self.config.detail_steps
         losses, loss_grad, histograms = [], None, {}
-        for micro, (idx, targets) in enumerate(batches):
-            for layer in self.block_layers.values():
-                layer.set_step(step, micro)
-            stats, g_hist, loss = self._micro_step(idx, targets, detail)
-            losses.append(loss)
-            loss_grad = stats if loss_grad is None else loss_grad + stats
-            if detail:
-                histograms["loss_grad"] = histograms["loss_grad"] + g_hist \
-                    if "loss_grad" in histograms else g_hist
-        scale = 1.0 if self.scaler is None else self.scaler.get_scale()
-        report = self._gradient_report(scale, detail)
-        histograms.update(report.pop("histograms"))
-        norm, skipped = self._apply()
+        with self.conversions(step):
+            for micro, (idx, targets) in enumerate(batches):
+                for layer in self.block_layers.values():
+                    layer.set_step(step, micro)
+                stats, g_hist, loss = self._micro_step(idx, targets, detail)
+                losses.append(loss)
+                loss_grad = stats if loss_grad is None else loss_grad + stats
+                if detail:
+                    histograms["loss_grad"] = histograms["loss_grad"] + g_hist \
+                        if "loss_grad" in histograms else g_hist
+            scale = 1.0 if self.scaler is None else self.scaler.get_scale()
+            report = self._gradient_report(scale, detail)
+            histograms.update(report.pop("histograms"))
+            norm, skipped = self._apply()
         lost, changed, _ = (0, 0, 0.0) if skipped else \
             lost_update_fraction(self.optimizer.lost_updates)
         metrics = StepMetrics(step, lr, math.fsum(losses) / len(losses), scale, skipped,
