@@ -196,8 +196,10 @@ def dask_client(workers: int | None = None, scheduler=None):
         with Client(scheduler) as client:
             yield client
     else:
+        # dashboard on a free port: some releases serve HTTP even without a dashboard, and warn
+        # when the default port 8787 is taken (by another cluster)
         with _environ_kept(), LocalCluster(
-                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                 env=dict(WORKER_ENV)) as cluster, Client(cluster) as client:
             yield client
 
