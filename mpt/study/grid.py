@@ -252,7 +252,10 @@ class GridResult:
     def to_dict(self) -> dict:
         return {"grid": self.config.describe(), "corpus": self.corpus,
                 "recipes": {name: get_recipe(name).describe() for name in self.config.recipes},
-                "aggregate": {"metric": "final_loss",
+                "aggregate": {"metric": "final_loss", "baseline": self.config.baseline,
+                              "spread": "max - min over the seeds",
+                              "exceeds": "|mean - mean of the baseline| > the larger of the two "
+                                         "spreads; null with fewer than two seeds",
                               "stats": [s.to_dict() for s in self.stats()],
                               "comparisons": [c.to_dict() for c in self.comparisons()]},
                 "cells": [self.run_dict(i) for i in range(len(self.cells))]}
