@@ -9,9 +9,11 @@ from mpt.tasks import Progress, chunks, dask_client, map_tasks
 
 
 def square_and_threads(x):
+    import os
+
     import numba
 
-    return x * x, numba.get_num_threads()
+    return x * x, numba.get_num_threads(), os.environ.get("OMP_WAIT_POLICY")
 
 
 def fail_on_three(x):
@@ -78,6 +80,7 @@ def test_dask_results_come_back_in_item_order(dask_client):
     got = map_tasks(square_and_threads, items, scheduler=dask_client)
     assert [g[0] for g in got] == [x * x for x in items]
     assert {g[1] for g in got} == {1}                 # Numba on one thread in every task
+    assert {g[2] for g in got} == {"PASSIVE"}         # idle OpenMP threads sleep
     with pytest.raises(ValueError, match="task 3 fails"):
         map_tasks(fail_on_three, range(5), scheduler=dask_client)
     with pytest.raises(TypeError, match="scheduler must be an address"):
