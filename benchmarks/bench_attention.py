@@ -130,9 +130,9 @@ def attention_time(repeat: int) -> None:
     print("3. attention forward + backward, (1, 4, N, 64) fp32, ieee_fma, not causal")
     for n in (512, 1024, 2048):
         rng = np.random.default_rng(n)
-        q, k, v = (mpt.tensor(rng.standard_normal((1, 4, n, 64)), requires_grad=True)
+        q, k, v = (mpt.tensor(rng.standard_normal((1, 4, n, 64)), "fp32", requires_grad=True)
                    for _ in range(3))
-        g = mpt.tensor(rng.standard_normal((1, 4, n, 64)))
+        g = mpt.tensor(rng.standard_normal((1, 4, n, 64)), "fp32")
         best = best_of({b: (lambda b=b: attention_step(q, k, v, g, b)) for b in ("naive", "flash")},
                        repeat)
         print(f"   N={n:5d}  naive {best['naive'] * 1e3:8.1f} ms   flash {best['flash'] * 1e3:8.1f}"

@@ -23,7 +23,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_bool", "check_int", "check_real", "check_finite", "check_array"]
+__all__ = ["check_bool", "check_int", "check_real", "check_finite", "check_array",
+           "renamed"]
 
 
 def _is_bool(value) -> bool:
@@ -147,3 +148,13 @@ def check_array(name: str, value, dtype, *, shape: tuple | None = None,
     if ndim is not None and value.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimension(s); got shape {value.shape}")
     return value
+
+
+def renamed(name: str, value, old_name: str, old_value):
+    """The argument given as ``name`` or under its 0.1 spelling ``old_name`` (None when neither);
+    TypeError when both are given."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"give {name} or {old_name} (its mpt 0.1 name), not both")
+    return old_value

@@ -4,7 +4,8 @@
     mpt round X [X ...] [--to F ...] [--mode M] [--saturate] [--seed S] [--json]
                                            round numbers to formats, show values, bits and errors
     mpt demo                               the default workload: the table and a rounding tour
-    mpt golden generate [--suite S] [--out DIR] [--seed N] [--force]
+    mpt golden generate [--suite S] [--out DIR] [--seed N] [--force] [--quiet]
+                        [--workers N | --scheduler ADDRESS]   one task per case, same bits
     mpt golden run --golden DIR --outputs DIR        recompute the golden cases with mpt
     mpt golden verify --golden DIR --outputs DIR [--report FILE] [--allow-missing]
                       [--expect-digest HEX]
@@ -13,6 +14,10 @@
     mpt study [--recipes R ...] [--steps N] [--text FILE] [--out DIR] [--seed S] [--no-plots]
               [--no-quant] [--target T] [--compare-targets [T ...]]
                                            train a small GPT under every precision recipe
+    mpt study --grid [--recipes R ...] [--seeds S ...] [--sizes SIZE ...] [--lrs LR ...]
+              [--baseline R] [--workers N | --scheduler ADDRESS] [--steps N] [--out DIR]
+                                           a grid of runs, one task per cell (serial or Dask),
+                                           the loss over seeds and the differences beyond it
     mpt plan [--recipe R] [--vocab V] [--d-model D] [--layers L] [--heads H] [--seq S]
              [--batch B] [--checkpoint K] [--backend flash|naive]
                                            training memory per role for a GPT shape and recipe
@@ -184,7 +189,8 @@ def _cmd_golden(args) -> int:
 
     if args.action == "generate":
         golden.check_target(args.out, force=args.force)     # refuse before computing the cases
-        cases = golden.generate(args.suite, seed=args.seed)
+        cases = golden.generate(args.suite, seed=args.seed, workers=args.workers,
+                                scheduler=args.scheduler, progress=not args.quiet)
         out = golden.write_suite(cases, args.out, suite=args.suite, force=args.force)
         print(f"wrote {len(cases)} cases of suite {args.suite!r} to {out}")
         print(f"suite digest: {golden.read_manifest(out)['digest']}")
@@ -224,6 +230,13 @@ def _add_golden(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--force", action="store_true",
                    help="replace the golden suite already in --out (only its own files)")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="compute the cases on a local Dask cluster of N processes "
+                            "(pip install 'mpt[dask]'); the same bits as serially")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="compute the cases on an existing Dask cluster (tcp://host:8786)")
     r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
     v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
     t = actions.add_parser("run-torch", help="run a golden suite's inputs through PyTorch")
@@ -239,9 +252,17 @@ def _add_golden(sub) -> None:
     p.set_defaults(func=_cmd_golden)
 
 
+_GRID_ONLY = ("seeds", "sizes", "lrs", "baseline", "workers", "scheduler")
+
+
 def _cmd_study(args) -> int:
     from mpt import study
 
+    if args.grid:
+        return _cmd_study_grid(args)
+    given = [f"--{k}" for k in _GRID_ONLY if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} need --grid")
     given = {"recipes": args.recipes, "steps": args.steps, "text": args.text, "seed": args.seed,
              "target": args.target}
     if args.compare_targets is not None:
@@ -262,6 +283,26 @@ def _cmd_study(args) -> int:
           + "".join(f", {p.name}" for p in paths["plots"]) + ")")
     if paths["plots_skipped"]:
         print(f"plots skipped: {paths['plots_skipped']}")
+    return 0
+
+
+def _cmd_study_grid(args) -> int:
+    from mpt import study
+
+    if args.seed is not None:
+        raise ValueError("--seed sets one run; a grid takes --seeds S [S ...]")
+    workload = {"steps": args.steps, "text": args.text, "target": args.target}
+    axes = {"recipes": args.recipes, "seeds": args.seeds, "sizes": args.sizes, "lrs": args.lrs,
+            "baseline": args.baseline}
+    config = study.GridConfig(
+        study=study.StudyConfig(quant=False, **{k: v for k, v in workload.items() if v is not None}),
+        **{k: v for k, v in axes.items() if v is not None})
+    os.makedirs(args.out, exist_ok=True)
+    result = study.run_grid(config, workers=args.workers, scheduler=args.scheduler,
+                            progress=not args.quiet)
+    print(study.format_grid_table(result))
+    paths = study.write_grid_report(result, args.out)
+    print(f"\nreport: {paths['report']}  (data: {paths['json'].name})")
     return 0
 
 
@@ -287,6 +328,26 @@ def _add_study(sub) -> None:
     p.add_argument("--no-quant", action="store_true", help="skip the quantization sections (QAT "
                                                          "vs PTQ, LoRA over low-precision bases)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    g = p.add_argument_group("grid", "recipes x seeds x model sizes x learning rates, one task "
+                                     "per cell; the final loss over the seeds (mean, spread) and "
+                                     "the recipe differences beyond the spread")
+    g.add_argument("--grid", action="store_true", help="run a grid (no quantization sections)")
+    g.add_argument("--seeds", nargs="+", type=int, metavar="S",
+                   help="seed coordinates; each cell's run seed is derived from its own "
+                        "(default 0 1 2)")
+    g.add_argument("--sizes", nargs="+", metavar="SIZE",
+                   help="model sizes: tiny (16:1:2), small (32:1:2, the study's), base (64:2:4), "
+                        "large (128:4:8), or D_MODEL:LAYERS:HEADS (default small)")
+    g.add_argument("--lrs", nargs="+", type=float, metavar="LR",
+                   help="peak learning rates; min_lr = lr/10 (default 3e-3)")
+    g.add_argument("--baseline", metavar="RECIPE", help="the recipe the others are compared "
+                                                        "with (default fp32, else the first)")
+    where = g.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="run the cells on a local Dask cluster of N processes "
+                            "(pip install 'mpt[dask]'); default: serially in this process")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="run the cells on an existing Dask cluster (tcp://host:8786)")
     p.set_defaults(func=_cmd_study)
 
 
@@ -428,7 +489,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:   # the reader stopped (``mpt models | head``): not an error
         sys.stderr.close()
         return EXIT_OK
-    except (ValueError, TypeError, OSError, ArithmeticError) as exc:  # bad input: one line
+    except (ValueError, TypeError, OSError, ArithmeticError, ImportError) as exc:  # one line
         print(f"mpt {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -268,7 +268,8 @@ NOTEBOOKS["06_flash_attention_and_checkpointing"] = [
     ("code", "import numpy as np\nimport mpt\nimport mpt.functional as F\nfrom mpt import nn, planning\n\n"
              "rng = np.random.default_rng(0)\n"
              "def saved_bytes(T, backend, B=1, H=2, hd=16):\n"
-             "    q, k, v = (mpt.tensor(rng.normal(size=(B, H, T, hd)), requires_grad=True) for _ in range(3))\n"
+             "    q, k, v = (mpt.tensor(rng.normal(size=(B, H, T, hd)), 'fp32',\n"
+             "                          requires_grad=True) for _ in range(3))\n"
              "    with mpt.MemoryLedger() as ledger:\n"
              "        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)\n"
              "        saved = ledger.live('activations')\n"
@@ -287,7 +288,7 @@ NOTEBOOKS["06_flash_attention_and_checkpointing"] = [
              "assert rows[256]['naive'] / rows[256]['flash'] > rows[64]['naive'] / rows[64]['flash']"),
     ("md", "Both backends compute the same attention up to rounding (flash rescales its running "
            "sums per tile):"),
-    ("code", "q, k, v = (mpt.tensor(rng.normal(size=(1, 2, 128, 16))) for _ in range(3))\n"
+    ("code", "q, k, v = (mpt.tensor(rng.normal(size=(1, 2, 128, 16)), 'fp32') for _ in range(3))\n"
              "a = F.scaled_dot_product_attention(q, k, v, is_causal=True, backend='naive').data\n"
              "b = F.scaled_dot_product_attention(q, k, v, is_causal=True, backend='flash').data\n"
              "print('max |naive - flash|', np.max(np.abs(a - b)))\n"
@@ -321,7 +322,7 @@ NOTEBOOKS["07_qat_and_lora"] = [
            "rounds to an int8 grid and back in the forward pass; its backward is the "
            "straight-through estimator (gradient 1 inside the grid's range, 0 outside)."),
     ("code", "import numpy as np\nimport mpt\nfrom mpt import nn\n\n"
-             "x = mpt.tensor(np.linspace(-2, 2, 9), requires_grad=True)\n"
+             "x = mpt.tensor(np.linspace(-2, 2, 9), 'fp32', requires_grad=True)\n"
              "scale = 1 / 64\n"
              "y = mpt.fake_quantize_per_tensor_affine(x, scale, 0, -128, 127)\n"
              "y.sum().backward()\n"
@@ -335,7 +336,7 @@ NOTEBOOKS["07_qat_and_lora"] = [
            "adapter `B·A` (B = 0 at init) to its Linear layers: the output is unchanged at "
            "first and only r·(in + out) parameters per layer train."),
     ("code", "model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))\n"
-             "x = mpt.tensor(np.random.default_rng(0).normal(size=(4, 64)))\n"
+             "x = mpt.tensor(np.random.default_rng(0).normal(size=(4, 64)), 'fp32')\n"
              "before = model(x).data.copy()\n"
              "mpt.lora.apply(model, r=4, alpha=8)\n"
              "trainable = sum(p.data.size for p in model.parameters() if p.requires_grad)\n"
@@ -345,7 +346,7 @@ NOTEBOOKS["07_qat_and_lora"] = [
              "assert trainable == 2 * 4 * (64 + 64)"),
     ("md", "A few SGD steps on the adapters only reduce a regression loss; the frozen weights "
            "do not move."),
-    ("code", "target = mpt.tensor(np.random.default_rng(1).normal(size=(4, 64)))\n"
+    ("code", "target = mpt.tensor(np.random.default_rng(1).normal(size=(4, 64)), 'fp32')\n"
              "frozen = model[0].weight.data.copy()\n"
              "opt = mpt.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)\n"
              "losses = []\n"

@@ -85,3 +85,15 @@ def tensor_core_dumps():
     if not folder.is_dir():
         pytest.fail(f"hardware samples not found at {folder}: they are part of the repository")
     return folder
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A client of a local Dask cluster of two worker processes (``mpt.tasks.dask_client``),
+    shared by the tests that run tasks on Dask; they skip when dask is not installed (the
+    ``dask`` extra; the ``test`` extra installs it)."""
+    pytest.importorskip("distributed")
+    from mpt.tasks import dask_client
+
+    with dask_client(workers=2) as client:
+        yield client

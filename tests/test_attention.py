@@ -231,7 +231,7 @@ def test_bits_do_not_depend_on_the_thread_count(fmt, model):
 def test_multihead_attention_and_gpt_use_the_flash_backend():
     from mpt import nn
     assert "flash" in nn.ATTENTION_BACKENDS
-    x = mpt.tensor(np.random.default_rng(12).standard_normal((2, 9, 16)))
+    x = mpt.tensor(np.random.default_rng(12).standard_normal((2, 9, 16)), "fp32")
     flash = nn.MultiheadAttention(16, 4, causal=True, backend="flash", seed=3)
     naive = nn.MultiheadAttention(16, 4, causal=True, backend="naive", seed=3)
     y, ref = flash(x), naive(x)
@@ -244,7 +244,7 @@ def test_multihead_attention_and_gpt_use_the_flash_backend():
 
 
 def test_argument_errors():
-    x = mpt.tensor(np.ones((1, 2, 4, 8)))
+    x = mpt.tensor(np.ones((1, 2, 4, 8)), "fp32")
     h = mpt.tensor(np.ones((1, 2, 4, 8)), "fp16")
     sdpa = F.scaled_dot_product_attention
     cases = [
@@ -256,10 +256,10 @@ def test_argument_errors():
         (TypeError, "takes fp64, fp32", lambda: sdpa(*[mpt.tensor(np.ones((2, 4)), "tf32")] * 3,
                                                      backend="flash")),
         (ValueError, "divide the query heads", lambda: sdpa(
-            x, mpt.tensor(np.ones((1, 3, 4, 8))), mpt.tensor(np.ones((1, 3, 4, 8))),
+            x, mpt.tensor(np.ones((1, 3, 4, 8)), "fp32"), mpt.tensor(np.ones((1, 3, 4, 8)), "fp32"),
             enable_gqa=True)),
         (ValueError, "broadcast to the query", lambda: sdpa(
-            x, mpt.tensor(np.ones((2, 2, 4, 8))), mpt.tensor(np.ones((2, 2, 4, 8))),
+            x, mpt.tensor(np.ones((2, 2, 4, 8)), "fp32"), mpt.tensor(np.ones((2, 2, 4, 8)), "fp32"),
             backend="flash")),
     ]
     for error, message, call in cases:

@@ -159,7 +159,7 @@ def test_cast_cache_reuses_one_cast_per_parameter_and_version():
         y3 = F.linear(x, w)
         assert y3._node.inputs[1] is not y1._node.inputs[1]
         assert y3.numpy()[0, 0] == 12.0  # the new values, not the stale cache
-        h = mpt.tensor(np.ones((2, 4)), requires_grad=True) * 1.0  # not a leaf: never cached
+        h = mpt.tensor(np.ones((2, 4)), "fp32", requires_grad=True) * 1.0  # no leaf: never cached
         assert F.linear(h, w)._node.inputs[0] is not F.linear(h, w)._node.inputs[0]
     with mpt.autocast("fp16"):
         assert F.linear(x, w)._node.inputs[1] is not y3._node.inputs[1]  # a new region
@@ -191,11 +191,11 @@ def test_cast_cache_is_keyed_by_grad_mode():
 
 def test_disabled_region_and_state_snapshots():
     assert mpt.autocast_state() == mpt.AutocastState(False, None, "ieee_fma", True)
-    x = mpt.tensor(np.ones((2, 2)))
+    x = mpt.tensor(np.ones((2, 2)), "fp32")
     with mpt.matmul_model("ampere"):
         with mpt.autocast("bf16", model="hopper"):
             inside = mpt.autocast_state()
-            assert inside.enabled and inside.dtype.name == "bf16" and inside.model == "hopper"
+            assert inside.enabled and inside.format.name == "bf16" and inside.model == "hopper"
             with mpt.autocast(enabled=False):
                 assert F.matmul(x, x).format.name == "fp32"
                 assert mpt.autocast_state().model == "hopper"
@@ -234,3 +234,24 @@ def test_register_autocast_for_user_ops():
     with pytest.raises(TypeError, match="Function subclass"):
         mpt.register_autocast(3, "fp32")
     assert CATEGORIES == ("lower", "fp32", "fp32_output", "promote", "passthrough")
+
+
+def test_format_is_the_name_and_dtype_the_01_spelling():
+    """One name for a tensor's format; ``dtype=`` (PyTorch's, mpt 0.1's) still works."""
+    with mpt.autocast("bf16") as a, mpt.autocast(format="bf16") as b, \
+            mpt.autocast(dtype="bf16") as c:
+        assert a == b == c and c.format.name == "bf16" and c.dtype is c.format
+    with mpt.autocast() as default:
+        assert default.format.name == "fp16"
+    state = mpt.AutocastState(True, dtype=mpt.get_format("bf16"))
+    assert state == mpt.AutocastState(True, mpt.get_format("bf16")) and state.dtype.name == "bf16"
+    with pytest.raises(TypeError, match="give format or dtype"):
+        mpt.autocast(format="fp16", dtype="bf16")
+    x = mpt.tensor(np.linspace(-3, 3, 12).reshape(3, 4), "bf16")
+    for op in (F.softmax, F.log_softmax):
+        y = op(x, -1, "fp32")
+        assert y.format.name == "fp32"
+        assert np.array_equal(bits(op(x, -1, dtype="fp32")), bits(y))
+        assert np.array_equal(bits(op(x, -1, format="fp32")), bits(y))
+        with pytest.raises(TypeError, match="not both"):
+            op(x, -1, "fp32", dtype="fp32")

@@ -33,8 +33,8 @@ def _train(checkpoint, region, backend="flash", steps=2):
 
 
 @pytest.mark.parametrize("region,backend", [
-    (lambda: mpt.autocast(dtype="bf16", model="hopper"), "flash"),
-    (lambda: mpt.autocast(dtype="fp16", model="ampere"), "naive"),
+    (lambda: mpt.autocast(format="bf16", model="hopper"), "flash"),
+    (lambda: mpt.autocast(format="fp16", model="ampere"), "naive"),
     (lambda: mpt.matmul_model("ieee_fma"), "flash"),
 ], ids=["bf16-hopper-flash", "fp16-ampere-naive", "fp32-flash"])
 @pytest.mark.parametrize("checkpoint", [True, 4, 1], ids=["sqrt", "per-block", "one-segment"])
@@ -79,8 +79,8 @@ def test_recomputation_replays_the_forward_autocast_state():
         seen.append(mpt.autocast_state())
         return lin(x)
 
-    x = mpt.tensor(np.ones((2, 8)), requires_grad=True)
-    with mpt.autocast(dtype="bf16", model="hopper"):
+    x = mpt.tensor(np.ones((2, 8)), "fp32", requires_grad=True)
+    with mpt.autocast(format="bf16", model="hopper"):
         y = mpt.checkpoint(fn, x)
     y.float().sum().backward()
     assert len(seen) == 2 and seen[0] == seen[1] and seen[1].model == "hopper"
@@ -90,7 +90,7 @@ def test_recomputation_replays_the_forward_autocast_state():
 def test_only_trainable_parameters_still_get_gradients():
     # A frozen input (LoRA-style frozen embeddings): the node is recorded for the parameters.
     block = nn.TransformerBlock(16, 2, seed=2)
-    x = mpt.tensor(np.random.default_rng(2).standard_normal((2, 5, 16)))
+    x = mpt.tensor(np.random.default_rng(2).standard_normal((2, 5, 16)), "fp32")
     mpt.checkpoint(block, x).sum().backward()
     ckpt = [bits(p.grad).copy() for p in block.parameters()]
     block.zero_grad()
@@ -101,7 +101,7 @@ def test_only_trainable_parameters_still_get_gradients():
 
 def test_graph_rules_no_grad_and_errors():
     lin = nn.Linear(4, 4, seed=3)
-    x = mpt.tensor(np.ones((3, 4)), requires_grad=True)
+    x = mpt.tensor(np.ones((3, 4)), "fp32", requires_grad=True)
     y = mpt.checkpoint(lin, x)
     assert y.requires_grad
     y.sum().backward(retain_graph=True)

@@ -23,13 +23,13 @@ def test_every_state_is_registered():
 
 
 def test_replay_sets_and_restores_every_state():
-    with mpt.autocast(dtype="bf16", model="ampere"):
+    with mpt.autocast(format="bf16", model="ampere"):
         mpt.manual_seed(5)
         snap = context.snapshot()
     mpt.manual_seed(9)
     outer = context.snapshot()
     with context.replay(snap):
-        assert mpt.autocast_state().dtype.name == "bf16"
+        assert mpt.autocast_state().format.name == "bf16"
         assert mpt.autocast_state().model == "ampere"
         assert mpt.get_rng_state() == (5, 0)
         assert mpt.autograd.context.states()["autocast_cache"].get() == {}  # a fresh cache
@@ -103,7 +103,7 @@ def test_checkpoint_with_a_module_policy_trains_bit_identically():
 @pytest.mark.parametrize("kind", ["autocast", "dropout_rng", "autograd_hooks", "grad_enabled"])
 def test_checkpoint_replays_each_kind_of_state(kind):
     options = {
-        "autocast": dict(region=lambda: mpt.autocast(dtype="fp16", model="ampere")),
+        "autocast": dict(region=lambda: mpt.autocast(format="fp16", model="ampere")),
         "dropout_rng": dict(dropout=0.2),
         "autograd_hooks": dict(ledger=True),
         "grad_enabled": dict(region=mpt.enable_grad),

@@ -336,12 +336,13 @@ def test_format_mismatch_outside_autocast_names_both_formats():
 
 
 def test_shape_and_argument_errors():
-    x = mpt.tensor(np.ones((2, 3)))
+    x = mpt.tensor(np.ones((2, 3)), "fp32")
     cases = [
-        (ValueError, r"shapes \(2, 3\) and \(4,\) do not broadcast", lambda: x + mpt.tensor(np.ones(4))),
+        (ValueError, r"shapes \(2, 3\) and \(4,\) do not broadcast",
+         lambda: x + mpt.tensor(np.ones(4), "fp32")),
         (ValueError, "inner sizes 3 and 2", lambda: F.matmul(x, x)),
         (ValueError, r"input \(2, 3\) and weight \(3, 2\) do not match",
-         lambda: F.linear(x, mpt.tensor(np.ones((3, 2))))),
+         lambda: F.linear(x, mpt.tensor(np.ones((3, 2)), "fp32"))),
         (ValueError, "normalized_shape", lambda: F.layer_norm(x, 2)),
         (ValueError, r"target must have shape \(2,\)", lambda: F.cross_entropy(x, np.zeros(3, int))),
         (IndexError, "outside", lambda: F.cross_entropy(x, np.array([0, 3]))),
@@ -350,8 +351,9 @@ def test_shape_and_argument_errors():
         (ValueError, "dim 2 is out of range", lambda: F.softmax(x, 2)),
         (TypeError, "must be a Tensor", lambda: F.relu(np.ones(3))),
         (TypeError, "real number", lambda: x + np.ones(3)),
-        (ValueError, "groups=2", lambda: F.conv2d(mpt.tensor(np.ones((1, 3, 4, 4))),
-                                                  mpt.tensor(np.ones((2, 3, 2, 2))), groups=2)),
+        (ValueError, "groups=2", lambda: F.conv2d(mpt.tensor(np.ones((1, 3, 4, 4)), "fp32"),
+                                                  mpt.tensor(np.ones((2, 3, 2, 2)), "fp32"),
+                                                  groups=2)),
         (ValueError, "approximate", lambda: F.gelu(x, approximate="fast")),
         (ValueError, "not both", lambda: F.scaled_dot_product_attention(
             x, x, x, attn_mask=np.ones((2, 2), bool), is_causal=True)),
@@ -380,7 +382,7 @@ def _fingerprint() -> str:
         loss.backward()
         for t in (y, z, loss, x.grad):
             h.update(bits(t).tobytes())
-    w = mpt.tensor(rng.standard_normal((96, 300)) * 0.05, requires_grad=True)
+    w = mpt.tensor(rng.standard_normal((96, 300)) * 0.05, "fp32", requires_grad=True)
     x = mpt.tensor(x32.reshape(4, 16, 300), requires_grad=True)
     with mpt.autocast("fp16", model="hopper"):
         qkv = F.linear(x, w).reshape(4, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)

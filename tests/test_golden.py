@@ -220,3 +220,29 @@ def test_amd_cases_keep_their_own_nans_and_formats(suite):
     scaled = cases["gemm-cdna4-fp4-e8m0-block-scales-splitk2"]
     assert scaled.inputs["block_scale_a"].dtype == mpt.get_format("e8m0").dtype
     assert scaled.inputs["block_scale_a"].shape == (4, 16) and "scale_a" not in scaled.inputs
+
+
+def _one_of_each_kind(rng):
+    """The default suite's inputs, reduced to the first case of each kind and every 16th case."""
+    cases, kinds = golden.SUITES["default"](rng), set()
+    keep = [c for i, c in enumerate(cases) if not (c.kind in kinds or kinds.add(c.kind))
+            or i % 16 == 0]
+    return keep
+
+
+def test_generation_as_dask_tasks_writes_the_same_suite(dask_client, tmp_path, monkeypatch,
+                                                         capsys):
+    """One task per case on two worker processes, written by the one writer: the same
+    manifest, byte for byte (so the same digest and the same hash of every array and file)."""
+    monkeypatch.setitem(golden.SUITES, "sample", _one_of_each_kind)
+    serial = golden.write_suite(golden.generate("sample", seed=3), tmp_path / "serial",
+                                suite="sample")
+    assert main(["golden", "generate", "--suite", "sample", "--seed", "3", "--quiet",
+                 "--scheduler", dask_client.scheduler.address, "--out",
+                 str(tmp_path / "dask")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    manifest = (serial / "manifest.json").read_bytes()
+    assert (tmp_path / "dask" / "manifest.json").read_bytes() == manifest
+    entries = json.loads(manifest)["cases"]
+    assert {e["kind"] for e in entries} == set(golden.KINDS) and len(entries) > 20
+    assert golden.suite_digest(tmp_path / "dask") == json.loads(manifest)["digest"]

@@ -201,7 +201,7 @@ def _step_bits(threads, region):
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")
 @pytest.mark.parametrize("region", [lambda: mpt.matmul_model("ieee_fma"),
-                                    lambda: mpt.autocast(dtype="bf16", model="hopper")],
+                                    lambda: mpt.autocast(format="bf16", model="hopper")],
                          ids=["fp32", "bf16-hopper"])
 def test_forward_backward_bits_do_not_depend_on_thread_count(region):
     one, two = _step_bits(1, region), _step_bits(2, region)
@@ -234,7 +234,7 @@ def test_bf16_autocast_step_runs_linears_through_hopper():
         object.__setattr__(module, "forward", forward)
 
     spy(fc1, fc1.forward)
-    with mpt.autocast(dtype="bf16", model="hopper"):
+    with mpt.autocast(format="bf16", model="hopper"):
         loss = g.loss(idx, tgt)
     loss.backward()
     x, y = seen["x"], seen["y"]
@@ -253,7 +253,7 @@ def test_bf16_autocast_step_runs_linears_through_hopper():
     np.testing.assert_array_equal(bits(fc1.weight.grad), bits(dw.astype(np.float32)))
     assert all(p.grad.format.name == "fp32" for p in g.parameters())
     sgd_step(g, 0.1)
-    with mpt.autocast(dtype="bf16", model="hopper"):
+    with mpt.autocast(format="bf16", model="hopper"):
         assert g.loss(idx, tgt).item() < loss.item()
 
 

@@ -39,7 +39,7 @@ def test_fp8_linear_matches_te_hybrid_by_hand():
     for step in range(2):                                    # step 2 uses delayed scales
         layer.weight.grad = layer.bias.grad = None
         x = mpt.tensor(x_val, requires_grad=True)
-        with mpt.autocast(dtype="bf16", model="hopper"):
+        with mpt.autocast(format="bf16", model="hopper"):
             y = layer(x)
         y.backward(Tensor(g_val))
         if step == 0:
@@ -82,7 +82,7 @@ def test_fp8_linear_without_autocast_keeps_its_input_format():
     layer = Fp8Linear(nn.Linear(32, 8, seed=0))
     y = layer(mpt.tensor(_random((4, 32), 5)))
     assert y.format.name == "fp32" and y.shape == (4, 8)
-    with mpt.autocast(dtype="fp16"):
+    with mpt.autocast(format="fp16"):
         assert layer(mpt.tensor(_random((4, 32), 5))).format.name == "fp16"
 
 

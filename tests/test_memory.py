@@ -35,7 +35,7 @@ def test_roles_formats_views_and_release():
 def test_hooks_count_saved_activations_and_grads_of_one_step():
     model = nn.MLP(16, 64, seed=1)
     opt = optim.AdamW(model.parameters(), lr=1e-3)
-    x = mpt.tensor(np.random.default_rng(0).standard_normal((8, 16)), requires_grad=True)
+    x = mpt.tensor(np.random.default_rng(0).standard_normal((8, 16)), "fp32", requires_grad=True)
     with MemoryLedger() as led:
         assert active_ledger() is led
         led.track_module(model)

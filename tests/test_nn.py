@@ -144,7 +144,7 @@ def test_parameter_is_a_leaf_that_requires_grad():
 
 def test_parameter_grad_assignment_checks():
     p = Parameter(np.ones((2, 3), np.float32))
-    g = mpt.tensor(np.full((2, 3), 0.5))
+    g = mpt.tensor(np.full((2, 3), 0.5), "fp32")
     p.grad = g
     assert p.grad is g
     p.grad = None
@@ -152,7 +152,7 @@ def test_parameter_grad_assignment_checks():
     with pytest.raises(TypeError, match="grad must be a Tensor or None"):
         p.grad = np.ones((2, 3), np.float32)
     with pytest.raises(ValueError, match="fp32 tensor of shape"):
-        p.grad = mpt.tensor(np.ones((3, 2)))
+        p.grad = mpt.tensor(np.ones((3, 2)), "fp32")
     with pytest.raises(ValueError, match="got bf16"):
         p.grad = mpt.tensor(np.ones((2, 3)), format="bf16")
 
@@ -212,7 +212,7 @@ def test_train_eval_zero_grad():
     assert not any(m.training for m in t.modules())
     t.train()
     assert t.second.training
-    x = mpt.tensor(np.ones(3))
+    x = mpt.tensor(np.ones(3), "fp32")
     t(x).sum().backward()
     assert all(p.grad is not None for p in t.parameters())
     t.zero_grad(set_to_none=False)
@@ -271,7 +271,7 @@ def test_load_state_dict_errors_write_nothing():
 def test_to_rounds_parameters_and_grads_nearest_even():
     t = Tree()
     t.first.w.copy_(np.array([1 + 2.0**-8, 1 + 3 * 2.0**-8, -2.0**-140]))  # ties and a tiny value
-    t.first.w.grad = mpt.tensor(np.array([1 + 2.0**-8, 0.0, 1.0]))
+    t.first.w.grad = mpt.tensor(np.array([1 + 2.0**-8, 0.0, 1.0]), "fp32")
     ident = id(t.first.w)
     assert t.to("bf16") is t
     assert id(t.first.w) == ident and t.first.w.format == BF16

@@ -118,7 +118,7 @@ def test_cast_is_differentiable_and_grad_rounds_to_the_source_format():
 
 # ---- module-level policies (mpt.nn.Module.set_policy) -------------------------------------
 def _x(shape, seed=0):
-    return mpt.tensor(np.random.default_rng(seed).standard_normal(shape))
+    return mpt.tensor(np.random.default_rng(seed).standard_normal(shape), "fp32")
 
 
 def test_policy_on_a_linear_casts_inputs_params_and_outputs():

@@ -1,5 +1,8 @@
 """Exhaustive domains: every fp16/bf16 input to every small format in every mode, every code of
-every format decoded; with ``-m exhaustive``, every float32 input against ml_dtypes/numpy."""
+every format decoded; with ``-m exhaustive``, every float32 input against ml_dtypes/numpy, in
+chunks that can run on Dask."""
+import functools
+import os
 import time
 
 import ml_dtypes
@@ -11,6 +14,7 @@ import mpt
 from mpt.formats import custom_format, get_format
 from mpt.kernels.random import random_words
 from mpt.reference import rounding as ref
+from mpt.tasks import chunks, map_tasks
 
 MODES = ["nearest_even", "nearest_away", "toward_zero", "up", "down", "stochastic"]
 OPTIONS = [dict(), dict(saturate=True), dict(subnormals=False)]
@@ -69,6 +73,13 @@ def test_every_code_decodes_exactly(fmt, dtype):
 
 
 # ---- every float32 input (opt-in: pytest -m exhaustive) -------------------------------------
+#
+# The 2^32 inputs are split into chunks of 2^24 (mpt.tasks.chunks), one task each. By default the
+# tasks run serially in the test's process; MPT_SWEEP_WORKERS=N runs them on a local Dask cluster
+# of N processes, MPT_SWEEP_SCHEDULER=ADDRESS on an existing one (pip install 'mpt[dask]'; the
+# workers import this module and tests/peers.py, so they need the checkout's tests/ on their
+# path, as a local cluster has). The result is the same either way: each chunk reports how many
+# inputs it checked and how many disagreed.
 
 # float32 input to these formats: no released ml_dtypes is known to misround it (tests/peers.py)
 ML = {name: peers.DTYPES[name] for name in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e5m2",
@@ -76,22 +87,77 @@ ML = {name: peers.DTYPES[name] for name in ("fp16", "bf16", "fp8_e4m3fn", "fp8_e
 SWEEP_CHUNK = 1 << 24
 
 
+def chunk_inputs(lo: int, hi: int) -> np.ndarray:
+    """The float32 inputs of chunk [lo, hi): the bit patterns lo, lo + 1, ..., hi - 1."""
+    return np.arange(lo, hi, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def sweep_chunk(fmt: str, bounds: tuple) -> tuple:
+    """One task of the sweep: ``(lo, hi, inputs checked, mismatches)`` of mpt's RNE cast against
+    ml_dtypes/numpy on chunk ``[lo, hi)`` (NaN compared as NaN: numpy keeps fp16 payloads, mpt
+    gives the canonical NaN)."""
+    lo, hi = bounds
+    x = chunk_inputs(lo, hi)
+    assert peers.trusted(x, fmt).all()  # a known fault here needs the oracle (peers.py)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(ML[fmt])
+    got = mpt.round(x, fmt)
+    differ = np.flatnonzero(got.view(UINT[got.itemsize]) != want.view(UINT[got.itemsize]))
+    both_nan = np.isnan(got[differ].astype(np.float32)) & np.isnan(
+        want[differ].astype(np.float32))
+    return lo, hi, int(x.size), int((~both_nan).sum())
+
+
+def sweep_where() -> dict:
+    """Where the sweep's tasks run: ``map_tasks`` keywords from MPT_SWEEP_WORKERS or
+    MPT_SWEEP_SCHEDULER (neither: serially)."""
+    workers, scheduler = os.environ.get("MPT_SWEEP_WORKERS"), os.environ.get("MPT_SWEEP_SCHEDULER")
+    return {"workers": int(workers) if workers else None, "scheduler": scheduler or None}
+
+
+def run_sweep(fmt: str, total: int, chunk: int, **where) -> list:
+    return map_tasks(functools.partial(sweep_chunk, fmt), chunks(total, chunk), progress=True,
+                     desc=f"{fmt} sweep", unit="chunk", **where)
+
+
+def assert_covers_once(results, total: int) -> None:
+    """The chunks came back in order, each checked all its inputs, and together they are
+    ``range(total)``, every input once."""
+    assert results[0][0] == 0 and results[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(results, results[1:]))
+    assert all(n == hi - lo for lo, hi, n, _ in results)
+    assert sum(n for _, _, n, _ in results) == total
+
+
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("fmt", ML)
 def test_every_float32_rne_equals_ml_dtypes(fmt):
-    """All 2^32 float32 patterns: 0 mismatches (NaN compared as NaN: numpy keeps fp16 payloads,
-    mpt gives the canonical NaN)."""
-    start, mismatches = time.perf_counter(), 0
-    for lo in range(0, 1 << 32, SWEEP_CHUNK):
-        x = np.arange(lo, lo + SWEEP_CHUNK, dtype=np.uint32).view(np.float32)
-        assert peers.trusted(x, fmt).all()  # a known fault here needs the oracle (peers.py)
-        with np.errstate(over="ignore", invalid="ignore"):
-            want = x.astype(ML[fmt])
-        got = mpt.round(x, fmt)
-        differ = np.flatnonzero(got.view(UINT[got.itemsize]) != want.view(UINT[got.itemsize]))
-        both_nan = np.isnan(got[differ].astype(np.float32)) & np.isnan(
-            want[differ].astype(np.float32))
-        mismatches += int((~both_nan).sum())
+    """All 2^32 float32 patterns: 0 mismatches."""
+    start = time.perf_counter()
+    results = run_sweep(fmt, 1 << 32, SWEEP_CHUNK, **sweep_where())
+    assert_covers_once(results, 1 << 32)
+    mismatches = sum(m for *_, m in results)
     print(f"\n{fmt}: 2^32 float32 inputs, {mismatches} mismatches, "
           f"{time.perf_counter() - start:.1f} s (mpt + ml_dtypes + compare)")
     assert mismatches == 0
+
+
+def test_chunk_inputs_are_the_bit_patterns_of_their_range():
+    assert np.array_equal(chunk_inputs(5, 9).view(np.uint32), np.arange(5, 9, dtype=np.uint32))
+    top = chunk_inputs((1 << 32) - 3, 1 << 32).view(np.uint32)
+    assert top.tolist() == [2**32 - 3, 2**32 - 2, 2**32 - 1]
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "fp8_e4m3fn"])
+def test_a_chunked_sweep_covers_every_input_once(fmt):
+    """The exhaustive sweep's machinery on the first 2^20 + 7 patterns (+0 and float32
+    subnormals), in 17 chunks, the last one of 7: every input checked once, no mismatch."""
+    results = run_sweep(fmt, (1 << 20) + 7, 1 << 16)
+    assert_covers_once(results, (1 << 20) + 7)
+    assert len(results) == 17 and sum(m for *_, m in results) == 0
+
+
+def test_a_chunked_sweep_on_dask_is_the_serial_one(dask_client):
+    serial = run_sweep("bf16", 1 << 20, 1 << 17)
+    assert run_sweep("bf16", 1 << 20, 1 << 17, scheduler=dask_client) == serial
+    assert_covers_once(serial, 1 << 20)

@@ -37,6 +37,40 @@ def test_tensor_decodes_low_precision_arrays_exactly_and_never_aliases():
     assert mpt.tensor(u, "fp16").format.name == "fp16"
 
 
+FORMAT_DTYPES = [("fp64", np.float64), ("fp32", np.float32), ("fp16", np.float16),
+                 ("bf16", ml_dtypes.bfloat16), ("fp8_e4m3fn", ml_dtypes.float8_e4m3fn),
+                 ("fp8_e5m2", ml_dtypes.float8_e5m2), ("fp8_e4m3fnuz", ml_dtypes.float8_e4m3fnuz),
+                 ("fp8_e5m2fnuz", ml_dtypes.float8_e5m2fnuz), ("e8m0", ml_dtypes.float8_e8m0fnu),
+                 ("fp6_e2m3fn", ml_dtypes.float6_e2m3fn), ("fp4_e2m1fn", ml_dtypes.float4_e2m1fn),
+                 ("int8", np.int8), ("uint8", np.uint8)]
+
+
+@pytest.mark.parametrize("name, dtype", FORMAT_DTYPES, ids=[n for n, _ in FORMAT_DTYPES])
+def test_tensor_takes_the_format_of_an_arrays_dtype(name, dtype):
+    """As torch.tensor keeps a NumPy array's dtype: every value already is one of the format's,
+    so the tensor holds the same bits (and never the caller's array)."""
+    a = np.array([0.5, 1.0, 2.0, 4.0, 0.0, 1.5, 3.0]).astype(dtype)
+    t = mpt.tensor(a)
+    assert t.format.name == name and t.dtype == a.dtype
+    assert np.array_equal(bits(t), a.view(f"u{a.itemsize}")) and t.data is not a
+    assert mpt.tensor(a[3]).format.name == name                        # a NumPy scalar too
+    assert mpt.tensor(t).format.name == name and mpt.tensor(t) is not t  # a Tensor: a new leaf
+    assert np.array_equal(mpt.tensor(a, "fp64").numpy(), a.astype(np.float64), equal_nan=True)
+
+
+def test_tensor_without_a_dtype_is_fp32():
+    """Python numbers and lists, and integer or bool arrays of widths without a format, get fp32
+    (torch's default dtype); the 0.1 behaviour for every input is ``format="fp32"``."""
+    for x in (0.1, [0.1, 2], [[1, 2]], 3, True, np.arange(3), np.array([True, False])):
+        t = mpt.tensor(x)
+        assert t.format.name == "fp32", x
+        assert np.array_equal(t.numpy(), np.asarray(x, np.float64).astype(np.float32))
+    x = np.random.default_rng(1).standard_normal(5)                   # float64
+    assert mpt.tensor(x).format.name == "fp64" and np.array_equal(mpt.tensor(x).numpy(), x)
+    assert np.array_equal(bits(mpt.tensor(x, "fp32")), bits(x.astype(np.float32)))
+    assert mpt.tensor(np.float16(0.1), "bf16").format.name == "bf16"   # a named format wins
+
+
 def test_tensor_constructor_checks_dtype_and_values():
     with pytest.raises(TypeError, match="float16"):
         mpt.Tensor(np.zeros(2, np.float32), "fp16")
@@ -217,7 +251,7 @@ def test_ops_that_save_nothing_ignore_later_changes():
 
 
 def test_views_are_read_only():
-    x = mpt.tensor(np.arange(6.0).reshape(2, 3))
+    x = mpt.tensor(np.arange(6.0).reshape(2, 3), "fp32")
     v = x.reshape(3, 2)
     with pytest.raises(ValueError, match="read-only"):
         v[0, 0] = 1.0

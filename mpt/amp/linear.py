@@ -15,7 +15,7 @@ bias is added in FP32 after the GEMM; the bias gradient is the sequential FP32 c
 **Fp8Linear** — Transformer Engine's FP8 ``Linear`` under ``fp8_autocast`` with a
 ``DelayedScaling`` recipe (HYBRID by default), as mpt models it:
 
-* the input is first cast to the activation format (the enclosing ``mpt.autocast`` dtype, else its
+* the input is first cast to the activation format (the enclosing ``mpt.autocast`` format, else its
   own format: TE's ``cast_if_needed``); the output has that format;
 * forward: input and weight (from its storage format, fp32 normally) are quantized to the forward
   FP8 format (E4M3) with their own per-tensor delayed-scaling state (``mpt.fp8``: the amax is
@@ -208,7 +208,7 @@ class Fp8Linear(Module):
 
     def forward(self, x):
         state = autocast_state()
-        act = state.dtype if state.enabled else x.format
+        act = state.format if state.enabled else x.format
         if x.format != act and x.format.name in _CASTABLE:
             x = x.to(act)                                    # TE's cast_if_needed
         return _Linear.apply(x, self.weight, self.bias, x.format, self.plan, self._counting)

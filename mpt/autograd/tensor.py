@@ -41,7 +41,8 @@ from mpt.autograd.hooks import notify_grad
 from mpt.rounding import round as round_format
 
 __all__ = [
-    "Tensor", "tensor", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled",
+    "Tensor", "tensor", "format_of", "no_grad", "enable_grad", "set_grad_enabled",
+    "is_grad_enabled",
     "register_op", "round_to", "opmath",
 ]
 
@@ -386,26 +387,52 @@ for _name in ("reshape", "view", "transpose", "permute", "flatten", "unsqueeze",
     setattr(Tensor, _name, _method(_name))
 
 
-def tensor(x, format="fp32", requires_grad: bool = False) -> Tensor:
+def tensor(x, format=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding ``x`` rounded once (RNE, ``mpt.round``) to ``format``.
 
     ``x``: numbers, nested lists, an ndarray of any float dtype (ml_dtypes ones are decoded
-    exactly) or a Tensor (its exact values; the result is a new leaf).
+    exactly) or a Tensor (its exact values; the result is a new leaf). ``format`` None takes the
+    format from ``x``, as ``torch.tensor`` takes the dtype (:func:`format_of`): a Tensor's
+    format, the format an ndarray's dtype stores (``float16`` → fp16, ``ml_dtypes.bfloat16`` →
+    bf16, the float8 dtypes → their fp8 formats, ``float64`` → fp64, ...), else fp32. (mpt 0.1
+    made fp32 whatever ``x`` was.)
     """
-    fmt = get_format(format)
+    fmt = format_of(x) if format is None else get_format(format)
     if isinstance(x, Tensor):
         x = x._data
     arr = np.asarray(x)
     if arr.dtype.kind in "iub":
         arr = arr.astype(np.float64)  # integers: exact up to 2^53
-    elif arr.dtype.kind == "V" or arr.dtype == np.float16:
-        arr = arr.astype(np.float32)  # fp16 and ml_dtypes formats decode exactly to float32
     elif arr.dtype != np.float32 and arr.dtype != np.float64:
-        raise TypeError(f"x must hold real numbers; got an array of dtype {arr.dtype}")
+        if _stored_format(arr.dtype) is None:
+            raise TypeError(f"x must hold real numbers; got an array of dtype {arr.dtype}")
+        arr = arr.astype(np.float32)  # fp16 and ml_dtypes formats decode exactly to float32
     data = round_to(arr, fmt)
     if data is arr:
         data = arr.copy()  # a tensor never aliases the caller's array
     return Tensor(data, fmt, requires_grad=requires_grad)
+
+
+def format_of(x) -> Format:
+    """The format :func:`tensor` gives ``x`` when none is named, following ``torch.tensor``:
+    a Tensor keeps its format; an ndarray or NumPy scalar whose dtype is an mpt format's storage
+    dtype takes that format (float64 → fp64, float32 → fp32, float16 → fp16, bfloat16 → bf16,
+    float8_e4m3fn → fp8_e4m3fn, ..., int8 → int8); anything else — Python numbers and lists,
+    integer and bool arrays of other widths — fp32, torch's default dtype (torch makes Python
+    integers int64, a format mpt does not have)."""
+    if isinstance(x, Tensor):
+        return x.format
+    if isinstance(x, (np.ndarray, np.generic)):
+        return _stored_format(x.dtype) or _FP32
+    return _FP32
+
+
+def _stored_format(dtype: np.dtype) -> Format | None:
+    """The format whose storage dtype is ``dtype`` (None for int64, bool, str, ...)."""
+    try:
+        return get_format(dtype)
+    except ValueError:
+        return None
 
 
 # ---- the engine ----------------------------------------------------------------------------------

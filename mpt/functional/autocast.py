@@ -1,11 +1,11 @@
 """L3: autocast — per-op casts by cast category (PyTorch's CUDA autocast, docs/amp.md §2) and
 the active matmul model.
 
-Inside ``with mpt.autocast(dtype="fp16", model="hopper"):`` every op declared with
+Inside ``with mpt.autocast("fp16", model="hopper"):`` every op declared with
 :func:`autocast_op` first casts its floating tensor arguments by its category:
 
 ==================  ==============================================================================
-``"lower"``         cast fp32/fp16/bf16 inputs to the region's dtype (matmul, linear, conv2d,
+``"lower"``         cast fp32/fp16/bf16 inputs to the region's format (matmul, linear, conv2d,
                     scaled_dot_product_attention)
 ``"fp32"``          cast fp16/bf16 inputs up to fp32 (exp, log, pow, norms, losses)
 ``"fp32_output"``   reductions computed and returned in fp32 (softmax, log_softmax, sum): inputs
@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import functools
 
-from mpt._checks import check_bool
+from mpt._checks import check_bool, renamed
 from mpt.autograd.context import State
 from mpt.formats import Format, get_format
 from mpt.autograd.function import Function
@@ -54,18 +54,31 @@ _LOWER = (get_format("fp16"), get_format("bf16"))
 _CASTABLE = (_FP32, *_LOWER)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class AutocastState:
     """A snapshot of the autocast state (what checkpoint recomputation replays).
 
-    ``enabled``: inside an enabled autocast region; ``dtype``: its lower-precision format (None
+    ``enabled``: inside an enabled autocast region; ``format``: its lower-precision format (None
     outside); ``model``: the matmul model every GEMM uses now; ``cache_enabled``: the cast cache.
+    ``dtype`` is the mpt 0.1 name of ``format`` (an attribute and a keyword of the constructor).
     """
 
     enabled: bool = False
-    dtype: Format | None = None
+    format: Format | None = None
     model: str = "ieee_fma"
     cache_enabled: bool = True
+
+    def __init__(self, enabled: bool = False, format: Format | None = None,
+                 model: str = "ieee_fma", cache_enabled: bool = True, *, dtype=None):
+        values = dict(enabled=enabled, format=renamed("format", format, "dtype", dtype),
+                      model=model, cache_enabled=cache_enabled)
+        for key, value in values.items():
+            object.__setattr__(self, key, value)
+
+    @property
+    def dtype(self) -> Format | None:
+        """The mpt 0.1 name of :attr:`format`."""
+        return self.format
 
 
 AUTOCAST = State("autocast", AutocastState())
@@ -115,16 +128,18 @@ def _check_model(model) -> str:
     return model
 
 
-def autocast(dtype="fp16", model: str = "hopper", enabled: bool = True, cache_enabled: bool = True):
-    """Context manager: run ops under autocast (each op cast by its category) with ``dtype`` ("fp16" | "bf16") as the
-    lower precision and ``model`` as the matmul model. ``enabled=False`` opens a region where no
-    op casts (the matmul model stays what it was)."""
-    fmt = get_format(dtype)
+def autocast(format=None, model: str = "hopper", enabled: bool = True,
+             cache_enabled: bool = True, *, dtype=None):
+    """Context manager: run ops under autocast (each op cast by its category) with ``format``
+    ("fp16", the default, or "bf16") as the lower precision and ``model`` as the matmul model.
+    ``enabled=False`` opens a region where no op casts (the matmul model stays what it was).
+    ``dtype`` is the mpt 0.1 (and PyTorch) name of ``format``."""
+    fmt = get_format(renamed("format", format, "dtype", dtype) or "fp16")
     if fmt not in _LOWER:
-        raise ValueError(f"autocast dtype must be 'fp16' or 'bf16'; got {fmt.name!r}")
+        raise ValueError(f"autocast format must be 'fp16' or 'bf16'; got {fmt.name!r}")
     cache_enabled = check_bool("cache_enabled", cache_enabled)
     if not check_bool("enabled", enabled):
-        return _state(dataclasses.replace(AUTOCAST.get(), enabled=False, dtype=None))
+        return _state(dataclasses.replace(AUTOCAST.get(), enabled=False, format=None))
     return _state(AutocastState(True, fmt, _check_model(model), cache_enabled))
 
 
@@ -185,7 +200,7 @@ def _map(args, fn):
 def cast_for_category(category: str, args, kwargs, state: AutocastState):
     """The arguments of an op of ``category`` after the autocast casts of ``state``."""
     if category == "lower":
-        target = state.dtype
+        target = state.format
     elif category in ("fp32", "fp32_output"):
         target = _FP32
     else:  # promote / passthrough: the widest castable format, if they differ

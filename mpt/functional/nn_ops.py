@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt._checks import check_bool, check_real
+from mpt._checks import check_bool, check_real, renamed
 from mpt.functional.autocast import autocast_op
 from mpt.functional.rng import next_stream
 from mpt.formats import get_format
@@ -60,10 +60,10 @@ class Softmax(Function):
         return _unrows(kernel(yw, gw), y.shape, ctx.axis), None, None, None
 
 
-def _softmax(input, dim, dtype, log: bool, name: str):
+def _softmax(input, dim, format, log: bool, name: str):
     check_tensor(input, "input", name)
-    if dtype is not None:
-        input = input.to(get_format(dtype))
+    if format is not None:
+        input = input.to(get_format(format))
     axis = normalize_dim(dim, input.ndim, name)
     if input.ndim == 0:
         input = input.reshape(1)
@@ -72,20 +72,22 @@ def _softmax(input, dim, dtype, log: bool, name: str):
 
 
 @autocast_op("fp32_output")
-def softmax(input, dim: int = -1, dtype=None):
-    """Softmax along ``dim`` (``dtype``: cast the input first). Per row: ``m = max``,
+def softmax(input, dim: int = -1, format=None, *, dtype=None):
+    """Softmax along ``dim`` (``format``: cast the input to it first; ``dtype`` is its PyTorch and
+    mpt 0.1 name). Per row: ``m = max``,
     ``e_j = exp(x_j − m)`` (float64 exp, rounded), sequential ``s = Σ e_j``, ``y_j = e_j / s``
     in the work dtype, rounded once to the format. Backward: ``s' = Σ g_j·y_j`` (sequential),
     ``gx = y·(g − s')``. Autocast: computed and returned in fp32. Oracle:
     ``mpt.reference.ops.softmax``."""
-    return _softmax(input, dim, dtype, False, "softmax")
+    return _softmax(input, dim, renamed("format", format, "dtype", dtype), False, "softmax")
 
 
 @autocast_op("fp32_output")
-def log_softmax(input, dim: int = -1, dtype=None):
-    """Log-softmax along ``dim``: ``y_j = (x_j − m) − log(Σ e_j)`` (PyTorch's epilogue; log in
-    float64, rounded). Backward ``gx = g − exp(y)·Σ g`` (sequential Σ). Autocast: fp32 output."""
-    return _softmax(input, dim, dtype, True, "log_softmax")
+def log_softmax(input, dim: int = -1, format=None, *, dtype=None):
+    """Log-softmax along ``dim`` (``format``/``dtype`` as :func:`softmax`): ``y_j = (x_j − m) −
+    log(Σ e_j)`` (PyTorch's epilogue; log in float64, rounded). Backward ``gx = g − exp(y)·Σ g``
+    (sequential Σ). Autocast: fp32 output."""
+    return _softmax(input, dim, renamed("format", format, "dtype", dtype), True, "log_softmax")
 
 
 # ---- layer norm and RMS norm ---------------------------------------------------------------------

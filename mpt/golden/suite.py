@@ -18,8 +18,10 @@ from mpt._io import BASE_NAME, default_mode, dtype_from_name, load_json
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
 from mpt._io import NATIVE_DTYPES, read_in_folder, storable
 from mpt._io import sha256 as _sha256
+from mpt.autograd.context import Snapshot, replay
 from mpt.formats import FORMATS, get_format
 from mpt.rounding import round as round_format
+from mpt.tasks import map_tasks
 from mpt.golden import cases as golden_cases
 from mpt.golden.manifest import (FIXTURE_KIND, KINDS, MANIFEST, SCHEMA_VERSION, Case, GoldenError,
                                  _case_bytes, _check_entry, _check_name, _check_names,
@@ -92,14 +94,36 @@ SUITES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
 }
 
 
-def generate(suite: str = "default", seed: int = 0) -> list[Case]:
-    """Build the cases of ``suite`` deterministically from ``seed`` and compute mpt's outputs."""
+def generate(suite: str = "default", seed: int = 0, *, workers: int | None = None,
+             scheduler=None, progress: bool = False) -> list[Case]:
+    """Build the cases of ``suite`` deterministically from ``seed`` and compute mpt's outputs.
+
+    The inputs are drawn here, in order, from one generator; the outputs are one task per case
+    (:func:`mpt.tasks.map_tasks`): serially in this process (the default), on a local Dask
+    cluster of ``workers`` processes, or on the cluster of ``scheduler`` (an address or a
+    ``distributed.Client``). A task is the case's kind function applied to its inputs and
+    parameters, which depends on nothing else, so the outputs — and the suite
+    :func:`write_suite` writes from them — are the same bits in every case. ``progress``: a
+    progress bar of the cases.
+    """
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {sorted(SUITES)}; got {suite!r}")
     cases = SUITES[suite](np.random.default_rng(seed))
-    for case in cases:
-        case.outputs = KINDS[case.kind](case.inputs, case.params)
+    tasks = [(KINDS[case.kind], case.inputs, case.params) for case in cases]
+    outputs = map_tasks(_case_outputs, tasks, workers=workers, scheduler=scheduler,
+                        progress=progress, desc=f"golden {suite}", unit="case")
+    for case, out in zip(cases, outputs):
+        case.outputs = out
     return cases
+
+
+def _case_outputs(task) -> dict:
+    """The task of one case: ``compute(inputs, params)`` in a fresh context (no autocast region,
+    grad mode or dropout counter of the calling process carries over); the kind's function
+    travels with the task, so a worker needs no registry."""
+    compute, inputs, params = task
+    with replay(Snapshot(())):
+        return compute(inputs, params)
 
 
 # ---- storage -------------------------------------------------------------------------------------

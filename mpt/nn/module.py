@@ -11,7 +11,7 @@ contract; the modules add no rounding of their own except the explicit casts nam
 
 **Casts.** Modules never cast silently. Three explicit mechanisms exist:
 
-* ``mpt.autocast(dtype=..., model=...)`` casts per op (PyTorch's CUDA autocast, by cast
+* ``mpt.autocast(format, model=...)`` casts per op (PyTorch's CUDA autocast, by cast
   category: ``mpt.functional.autocast``);
 * :meth:`Module.to` rounds the stored parameters once (Apex O2/O3 style fp16/bf16 networks);
 * :meth:`Module.set_policy` attaches an :class:`mpt.Policy` (jmp / Haiku style, see there).

@@ -57,12 +57,25 @@ fine-tunes over fp16/bf16/int8/NF4 bases — ``mpt.study.quant``; their step cou
 The report folder holds ``report.md``, ``study.json`` (every step's metrics) and, with matplotlib
 installed (``pip install 'mpt[plot]'``), PNG plots: loss curves, loss-scale trajectories, lost
 updates, and the gradient-magnitude histogram of the FP32 run against the FP16 range.
+
+**Grids** (``mpt study --grid``, :mod:`mpt.study.grid`): recipes × seeds × model sizes × learning
+rates, one task per cell, serially or on Dask (``pip install 'mpt[dask]'``), with the final loss
+over the seeds (mean and spread) and the recipe differences that exceed the spread
+(:mod:`mpt.study.aggregate`); report in :mod:`mpt.study.grid_report`.
 """
 from mpt.study.config import StudyConfig
 from mpt.study.quant import format_quant_sections
 from mpt.study.report import format_table, table_rows, write_report
 from mpt.study.run import RecipeRun, StudyResult, run_recipe, run_study
+from mpt.study.aggregate import Comparison, SeedStats
+from mpt.study.grid import (MODEL_SIZES, GridCell, GridConfig, GridResult, ModelSize, cell_seed,
+                            derive_seed, model_size, run_cell, run_grid)
+from mpt.study.grid_report import format_grid_table, write_grid_report
 
 
 __all__ = ["StudyConfig", "RecipeRun", "StudyResult", "run_study", "run_recipe", "format_table",
-           "table_rows", "format_quant_sections", "write_report"]
+           "table_rows", "format_quant_sections", "write_report",
+           # grids
+           "GridConfig", "GridCell", "GridResult", "ModelSize", "MODEL_SIZES", "model_size",
+           "derive_seed", "cell_seed", "run_cell", "run_grid", "SeedStats", "Comparison",
+           "format_grid_table", "write_grid_report"]

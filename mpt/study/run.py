@@ -17,6 +17,7 @@ from mpt.train.corpus import MarkovCorpus, TextCorpus
 from mpt.targets import get_target
 from mpt.train.trainer import Trainer
 from mpt.study.config import StudyConfig, attention_backend
+from mpt.tasks import Progress
 
 
 __all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study", "TargetRun", "TargetsResult",
@@ -88,42 +89,19 @@ def _bytes_per_parameter(recipe) -> float:
 
 
 class _Progress:
-    """A tqdm bar when tqdm is installed, else one stderr line rewritten at most twice a second
-    (printed once at the end when stderr is not a terminal)."""
+    """The progress of one recipe's run (:class:`mpt.tasks.Progress`: a tqdm bar, else a stderr
+    line), its held-out loss at the end."""
 
     def __init__(self, name: str, total: int, enabled: bool):
-        self.name, self.total, self.enabled, self.bar = name, total, enabled, None
-        self.last = 0.0
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                tqdm = None
-            if tqdm is not None:
-                self.bar = tqdm(total=total, desc=f"{name:13s}", leave=True, file=sys.stderr)
+        self.name, self.total = name, total
+        self.bar = Progress(f"{name:13s}", total, enabled, unit="step")
 
     def __call__(self, metrics) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{metrics.loss:.4f}", refresh=False)
-            return
-        now = time.monotonic()
-        if sys.stderr.isatty() and (now - self.last > 0.5 or metrics.step == self.total):
-            self.last = now
-            print(f"\r{self.name:13s} step {metrics.step}/{self.total} loss {metrics.loss:.4f}",
-                  end="", file=sys.stderr, flush=True)
+        self.bar.update(1, loss=f"{metrics.loss:.4f}")
 
     def close(self, final_loss: float, seconds: float) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.close()
-            return
-        end = "\r" if sys.stderr.isatty() else ""
-        print(f"{end}{self.name:13s} {self.total} steps, held-out loss {final_loss:.4f} "
-              f"({seconds:.1f} s)", file=sys.stderr, flush=True)
+        self.bar.close(f"{self.name:13s} {self.total} steps, held-out loss {final_loss:.4f} "
+                       f"({seconds:.1f} s)")
 
 
 def run_recipe(config: StudyConfig, recipe: str, corpus=None, progress: bool = False) -> RecipeRun:

@@ -23,7 +23,7 @@ One :meth:`Trainer.train_step` over ``k`` micro-batches (gradient accumulation):
 
 1. zero the gradients; set the learning rate of this step (linear warm-up, then cosine decay to
    ``min_lr``, computed in float64);
-2. per micro-batch: forward inside the recipe's region (``mpt.autocast(dtype, model)`` for autocast
+2. per micro-batch: forward inside the recipe's region (``mpt.autocast(format, model)`` for autocast
    recipes, else ``mpt.matmul_model(model)``), logits cast to ``recipe.output_format`` (fp32: the
    cross-entropy runs in fp32), ``loss·f32(loss_multiplier/k)`` (Megatron-LM divides each
    micro-batch loss by the number of micro-batches), scaled by the scaler, ``backward()`` — the
@@ -279,7 +279,7 @@ class Trainer:
         """The context a forward runs in: autocast (per-op casts) or the recipe's MMA model."""
         r = self.recipe
         if r.autocast:
-            return autocast(dtype=r.compute_format, model=r.matmul_model)
+            return autocast(r.compute_format, model=r.matmul_model)
         return matmul_model(r.matmul_model)
 
     def _logits_and_loss(self, idx, targets):
