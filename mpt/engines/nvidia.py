@@ -5,7 +5,7 @@ product is exact and not renormalised; every term (c included) is truncated to F
 below the largest exponent of the block (a zero term counts with the exponent e_zero); the exact
 sum is rounded once per block — RZ-FP32, RZ-E8M13 (Ada/Hopper FP8) or RNE-FP16 — and is the next
 block's c. Kernels: :mod:`mpt.kernels.mma` (any inputs) and the register-blocked fast path of
-:mod:`mpt.kernels.gemm`. Oracle: :mod:`mpt.reference.mma`; hardware: the vendored V100/A100/H100
+:mod:`mpt.kernels.block_gemm`. Oracle: :mod:`mpt.reference.mma`; hardware: the vendored V100/A100/H100
 samples (tests/test_mma_hardware.py).
 
 Evidence: the FP16/BF16/TF32 configurations of Volta, Ampere and Hopper reproduce every row of
@@ -18,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from mpt.engines.model import MMAConfig, MMAModel, register_model
-from mpt.engines.operands import PackedOperands, emin_pow2, output_params, register_kind
-from mpt.kernels import gemm as _gemm
+from mpt.engines.operands import PackedOperands, emin_pow2, output_params, register_kind, \
+    transposed
+from mpt.formats import get_format
+from mpt.kernels import block_gemm as _block
 from mpt.kernels import mma as _mma
 
 __all__ = ["PRESETS", "BlockOperands", "FP8", "F8F6F4"]
@@ -27,66 +29,83 @@ __all__ = ["PRESETS", "BlockOperands", "FP8", "F8F6F4"]
 FP8 = ("fp8_e4m3fn", "fp8_e5m2")
 F8F6F4 = FP8 + ("fp6_e3m2fn", "fp6_e2m3fn", "fp4_e2m1fn")
 
-_MAGNITUDE_LIMIT = 60   # the fast path's product range [2^-60, 2^60] (mpt.kernels.mma.block_chain)
-
-
 @register_kind("block")
 class BlockOperands(PackedOperands):
-    """The block model: operands decoded into (value, nominal power of two) pairs; the
-    register-blocked kernel when the operands meet its conditions (finite, non-zero products in
-    [2^-60, 2^60], block·2^(F+2) <= 2^31), else the general kernel."""
+    """The block model. The register-blocked kernel (``mpt.kernels.block_gemm``) when its block
+    sums fit in int32, the operands are finite, every non-zero product's nominal exponent
+    ea + eb lies in its window (``block_params``); else, or when a chain's c is not finite or could grow past the window,
+    or the kernel raises its flag, the general kernel (``mpt.kernels.mma.block_chain``) on
+    operands decoded into (value, nominal power of two)."""
 
     def prepare(self):
         cfg = self.cfg
         rounding, e_zero = cfg.output(self.out_format)
         precision, emin, largest, nearest = output_params(rounding)
-        out = (2.0 ** emin, 2.0 ** (1 - precision), largest, nearest)
-        self.params = (cfg.block, cfg.fraction_bits, 2.0 ** e_zero, out)
-        if cfg.block << (cfg.fraction_bits + 2) <= 1 << 31 and \
-                _products_in(self.a, self.b, _MAGNITUDE_LIMIT):
-            self.rows = _gemm.BLOCK_ROWS
-        self.a, self.b = self._decode(self.a, self.formats[0]), self._decode(self.b, self.formats[1])
-        if self.rows:
-            self.pack()
+        self.params = (cfg.block, cfg.fraction_bits, 2.0 ** e_zero,
+                       (2.0 ** emin, 2.0 ** (1 - precision), largest, nearest))
+        self.sources = (self.a, self.b, self.ia, self.ib)
+        self.decoded = None
+        if _block.block_fits(cfg.block, cfg.fraction_bits):
+            self._pack(e_zero, precision, emin, nearest)
 
-    def _decode(self, x32, fmt):
-        """(values, nominal powers of two): float32 for the packed path, else float64."""
-        dtype = np.float32 if self.rows else np.float64
-        value, nominal = np.empty(x32.shape, dtype), np.empty(x32.shape, dtype)
-        _mma.decode_terms(x32.ravel(), emin_pow2(fmt), value.ravel(), nominal.ravel())
-        return value, nominal
-
-    def new_acc(self, c=None):
-        if not self.rows:
-            return super().new_acc(c)
-        if c is None:
-            rows, cols = self._shape
-            return np.zeros((self.batch_size, -(-rows // self.rows), -(-cols // _gemm.COLS),
-                             self.rows * _gemm.COLS))
-        return _gemm.pack_tiles(self._padded(c), self.rows)
+    def _pack(self, e_zero, precision, emin, rne16):
+        """Pack for the register-blocked kernel if the operands meet its conditions."""
+        self.rows, self.cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
+        self.orient()
+        ea, eb = (get_format(f).emin for f in (self.formats[::-1] if self.swap else self.formats))
+        finite, ranges = _block.operand_ranges(self.a, self.b, ea, eb)
+        fast = finite and _block.block_params(self.cfg.block, self.cfg.fraction_bits, e_zero,
+                                              precision, emin, rne16, ranges)
+        if not fast:
+            self.rows, self.swap = 0, False
+            self.a, self.b, self.ia, self.ib = self.sources
+            return
+        self.prm, self.variant, (shift_a, shift_b) = fast
+        self.highest, self.c_low = ranges[1], self.cfg.fraction_bits - 125
+        self.a = _block.pack_block_rows(self.a, ea, shift_a)
+        self.b = _block.pack_block_cols(self.b, eb, shift_b)
+        self.acc_dtype = np.float32
 
     def chain(self, acc, k0, k1):
-        if self.rows:
-            _gemm.block_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, *self.params)
-        else:
-            _mma.block_chain(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, *self.params)
+        if not self.rows:
+            self._general(acc, k0, k1)
+            return
+        start = self._chain_start(acc, k1 - k0)
+        if start is not None and not _block.block_chain_packed(
+                *self.a, *self.b, acc, self.ia, self.ib, k0, k1, self.prm, self.variant):
+            return
+        if start is not None:
+            acc[...] = start
+        rows, cols = self._shape
+        d = acc[:, :rows, :cols]
+        d64 = np.ascontiguousarray(transposed(d) if self.swap else d, dtype=np.float64)
+        self._general(d64, k0, k1)
+        d[...] = transposed(d64) if self.swap else d64
 
-    def values(self, acc):
-        if self.rows:
-            rows, cols = self._shape
-            acc = _gemm.unpack_tiles(acc, self.rows, rows, cols)
-        return super().values(acc)
+    def _chain_start(self, acc, k):
+        """A copy of acc's c (0.0 when it is all zero) if the fast kernel may run a chain of k
+        products from it — c finite, |c| + k·2^(highest+2) below 2^E_MAX (no block's anchor
+        exceeds it) and, for RZ outputs, no non-zero |c| below 2^(F−125) — else None."""
+        finite, largest, smallest = _block.finite_range(acc)
+        if not finite or largest + k * 2.0 ** (self.highest + 2) >= 2.0 ** _block.E_MAX or \
+                (not self.variant & _block.RNE16 and 0 < smallest < 2.0 ** self.c_low):
+            return None
+        return acc.copy() if largest else 0.0
+
+    def _general(self, acc, k0, k1):
+        """The general kernel on a (B, M, N) float64 accumulator."""
+        if self.decoded is None:
+            a, b, _, _ = self.sources
+            self.decoded = (*_decode(a, self.formats[0]), *_decode(b, self.formats[1]))
+        _mma.block_chain(*self.decoded, acc, *self.sources[2:], k0, k1, *self.params)
 
 
-def _products_in(a, b, e):
-    """Whether a and b are finite and every non-zero |a_ik·b_kj| lies in [2^-e, 2^e]."""
-    finite_a, lo_a, hi_a = _mma.magnitude_range(a)
-    finite_b, lo_b, hi_b = _mma.magnitude_range(b)
-    if not (finite_a and finite_b):
-        return False
-    if hi_a == 0 or hi_b == 0:
-        return True   # every product is zero
-    return lo_a * lo_b >= 2.0 ** -e and hi_a * hi_b <= 2.0 ** e
+def _decode(x32, fmt):
+    """(values, nominal powers of two) as float64 for the general kernel."""
+    value, nominal = np.empty(x32.shape), np.empty(x32.shape)
+    _mma.decode_terms(np.ascontiguousarray(x32).ravel(), emin_pow2(fmt), value.ravel(),
+                      nominal.ravel())
+    return value, nominal
 
 
 def _outs(fp32_rounding, fp32_e_zero, fp16_e_zero=None):

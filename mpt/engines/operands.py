@@ -122,23 +122,28 @@ class Operands:
 
 class PackedOperands(Operands):
     """Operands for the register-blocked kernels of :mod:`mpt.kernels.gemm`: packed, zero-padded
-    panels (A in row panels of :attr:`rows`, B in column panels of ``COLS``) and a padded
+    panels (A in row panels of :attr:`rows`, B in column panels of :attr:`cols`) and a padded
     accumulator. They compute Cᵀ = Bᵀ·Aᵀ instead when that pads less (the models that use them
     are symmetric in a and b, element by element). Subclasses set :attr:`rows` in
     :meth:`prepare` (0: not packed) and may hold a tuple of arrays per operand.
     """
 
     rows = 0
+    cols = _gemm.COLS
     swap = False
 
-    def pack(self) -> None:
-        """Swap (if it pads less) and pack ``self.a``/``self.b`` (arrays or tuples of arrays)."""
-        cols = _gemm.COLS
-        self.swap = tiles(self.n, self.rows) * tiles(self.m, cols) < \
-            tiles(self.m, self.rows) * tiles(self.n, cols)
+    def orient(self) -> None:
+        """Compute Cᵀ = Bᵀ·Aᵀ (``self.a``/``self.b`` become transposed views) if that pads less."""
+        rows, cols = self.rows, self.cols
+        self.swap = tiles(self.n, rows) * tiles(self.m, cols) < \
+            tiles(self.m, rows) * tiles(self.n, cols)
         if self.swap:
             self.a, self.b = transposed(self.b), transposed(self.a)
             self.ia, self.ib = self.ib, self.ia
+
+    def pack(self) -> None:
+        """Orient and pack ``self.a``/``self.b`` (arrays or tuples of arrays; any strides)."""
+        self.orient()
         self.a = _each(self.a, lambda x: _gemm.pack_rows(x, self.rows))
         self.b = _each(self.b, _gemm.pack_cols)
 
@@ -150,7 +155,7 @@ class PackedOperands(Operands):
     def _padded(self, c) -> np.ndarray:
         rows, cols = self._shape
         acc = np.zeros((self.batch_size, tiles(rows, self.rows) * self.rows,
-                        tiles(cols, _gemm.COLS) * _gemm.COLS), self.acc_dtype)
+                        tiles(cols, self.cols) * self.cols), self.acc_dtype)
         if c is not None:
             acc[:, :rows, :cols] = transposed(c) if self.swap else c
         return acc

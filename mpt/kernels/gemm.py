@@ -1,23 +1,20 @@
-"""L1: register-blocked GEMM micro-kernels: the ``ieee_fma`` model and the fast block model.
+"""L1: register-blocked GEMM micro-kernels: the ``ieee_fma`` model, and the LLVM-IR helpers that
+:mod:`mpt.kernels.block_gemm` (the block model) shares.
 
 Numba cannot name vector registers, so the inner loops are written as LLVM IR through
 ``numba.core.extending.intrinsic``: a tile of outputs lives in 16-lane float32/int32 vector
 registers while packed, k-major panels of A (``rows`` values per k) and B (32 values per k)
-stream through it, GotoBLAS-style. Operands are packed (zero-padded to whole tiles) once per
-GEMM by :func:`pack_rows` / :func:`pack_cols`; the drivers can then run any k-range.
+stream through it, GotoBLAS-style. Operands are packed (zero-padded to whole tiles, read from
+any strides: no copy first) once per GEMM by :func:`pack_rows` / :func:`pack_cols`; the
+drivers can then run any k-range.
 
 ``fma_chain`` — every output element is ``acc = c; for k increasing: acc = fma(a_ik, b_kj, acc)``,
 one IEEE binary32 fused multiply-add per k (``llvm.fma.v16f32``: exact product and sum, one RNE
 rounding; LLVM never splits it into a multiply and an add). What a CPU or a CUDA-core loop
 computes, and mpt's FP32 matmul. Oracle: ``mpt.reference.mma.ieee_fma_reference``.
 
-``block_chain_packed`` — the block model of :mod:`mpt.kernels.mma` for operands that meet its
-fast conditions (finite, non-zero products within [2^-60, 2^60], block·2^(F+2) <= 2^31; see
-``mpt.kernels.mma.block_chain``): the anchor pass (max of nominal products) and the sum pass
-(Σ int32(a·b·2^(F-E)), float32 products exact) run in registers; the per-block start and the
-output rounding are the shared Numba steps. Oracle: ``mpt.reference.mma.block_dot_reference``
-and the hardware samples. In both kernels each output element sees the same operations in the
-same order whatever the tiling and the thread count.
+Each output element sees the same operations in the same order whatever the tiling and the
+thread count.
 """
 from __future__ import annotations
 
@@ -27,17 +24,12 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-from mpt.kernels.mma import block_finish, block_scale, block_start
-
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
-           "fma_chain", "block_chain_packed", "fma_tile"]
+__all__ = ["ROWS", "COLS", "pack_rows", "pack_cols", "fma_chain", "fma_tile"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
 COLS = _LANES * _VECS    # tile columns
 ROWS = 8                 # tile rows of the FMA kernel: 16 accumulator registers
-BLOCK_ROWS = 8           # tile rows of the block kernel (its sum pass spills a few of its 16 + 16
-                         # scale and total registers, yet 8 rows measured faster than 4 or 6)
 _KC = 512                # k-slice per FMA micro-kernel call: packed panels stay in L1/L2
 _ROW_TILES = 8           # row tiles per parallel task (they share one B panel in cache)
 
@@ -140,42 +132,7 @@ def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
         builder.store(value, p, align=4)
 
 
-def _emit_anchor(builder, anchor_addr, unused, pa_addr, pb_addr, nk):
-    """anchor[BLOCK_ROWS, COLS] = max(anchor, pa[k, r]·pb[k, j]) over k = 0..nk-1."""
-    vmax = _vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    ptrs = _tile_pointers(builder, anchor_addr, _const(COLS), BLOCK_ROWS, _VF32)
-
-    def step(k, anchor):
-        b = _panel_vectors(builder, pb_addr, k)
-        a = _panel_splats(builder, pa_addr, k, BLOCK_ROWS)
-        return [builder.call(vmax, [anchor[i], builder.fmul(a[i // _VECS], b[i % _VECS])])
-                for i in range(len(anchor))]
-    anchor = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
-    for p, value in zip(ptrs, anchor):
-        builder.store(value, p, align=4)
-
-
-def _emit_sum(builder, total_addr, scale_addr, va_addr, vb_addr, nk):
-    """total[BLOCK_ROWS, COLS] += int32(va[k, r]·vb[k, j]·scale[r, j]) over k = 0..nk-1
-    (fptosi truncates toward zero: the spec's per-term truncation)."""
-    scale = [builder.load(p, align=4)
-             for p in _tile_pointers(builder, scale_addr, _const(COLS), BLOCK_ROWS, _VF32)]
-    ptrs = _tile_pointers(builder, total_addr, _const(COLS), BLOCK_ROWS, _VI32)
-
-    def step(k, total):
-        b = _panel_vectors(builder, vb_addr, k)
-        a = _panel_splats(builder, va_addr, k, BLOCK_ROWS)
-        return [builder.add(total[i], builder.fptosi(
-            builder.fmul(builder.fmul(a[i // _VECS], b[i % _VECS]), scale[i]), _VI32))
-            for i in range(len(total))]
-    total = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
-    for p, value in zip(ptrs, total):
-        builder.store(value, p, align=4)
-
-
 _fma_tile = _tile_intrinsic(_emit_fma)
-_anchor_tile = _tile_intrinsic(_emit_anchor)
-_sum_tile = _tile_intrinsic(_emit_sum)
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
 #: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
 #: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
@@ -210,18 +167,18 @@ def _pack_cols(b, out):
 
 
 def pack_rows(a: np.ndarray, rows: int) -> np.ndarray:
-    """(B, M, K) -> (B, ceil(M/rows), K, rows): row panels, k-major, zero-padded."""
+    """(B, M, K) (any strides) -> (B, ceil(M/rows), K, rows): row panels, k-major, zero-padded."""
     nb, m, k = a.shape
     out = np.empty((nb, -(-m // rows), k, rows), a.dtype)
-    _pack_rows(np.ascontiguousarray(a), out)
+    _pack_rows(a, out)
     return out
 
 
 def pack_cols(b: np.ndarray) -> np.ndarray:
-    """(B, K, N) -> (B, ceil(N/COLS), K, COLS): column panels, k-major, zero-padded."""
+    """(B, K, N) (any strides) -> (B, ceil(N/COLS), K, COLS): column panels, k-major, padded."""
     nb, k, n = b.shape
     out = np.empty((nb, -(-n // COLS), k, COLS), b.dtype)
-    _pack_cols(np.ascontiguousarray(b), out)
+    _pack_cols(b, out)
     return out
 
 
@@ -248,53 +205,4 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
                           a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
 
 
-@njit(cache=True, parallel=True)
-def block_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, block, fraction_bits, zero_pow2,
-                       out):
-    """The block model's chain over k in [k0, k1) (``mpt.kernels.mma.block_chain``), fast path.
 
-    vap, pap: (Ba, Mt, K, BLOCK_ROWS) float32 values / nominal powers of two of A, packed by
-    ``pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by :func:`pack_cols`; acc: (B, Mt, Nt,
-    BLOCK_ROWS·COLS) float64 tiles (row-major within a tile, see ``pack_tiles``), in: c, out: D.
-    Tasks are (batch, column panel, 8 row tiles).
-    """
-    nb = acc.shape[0]
-    mt, nt = vap.shape[1], vbp.shape[1]
-    groups = (mt + _ROW_TILES - 1) // _ROW_TILES
-    for t in prange(nb * nt * groups):
-        z = t // (nt * groups)
-        jt = t // groups % nt
-        g = t % groups
-        anchor = np.empty(BLOCK_ROWS * COLS, np.float32)
-        scale = np.empty(BLOCK_ROWS * COLS, np.float32)
-        total = np.empty(BLOCK_ROWS * COLS, np.int32)
-        c_term = np.empty(BLOCK_ROWS * COLS)
-        va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
-        for kb in range(k0, k1, block):
-            nk = min(block, k1 - kb)
-            for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
-                tile = acc[z, it, jt]
-                block_start(tile, anchor, zero_pow2, out[0])
-                _anchor_tile(anchor.ctypes.data, 0, pa_z[it, kb:].ctypes.data,
-                             pb_p[kb:].ctypes.data, nk)
-                block_scale(tile, anchor, scale, c_term, total, fraction_bits, 2.0 ** 88)
-                _sum_tile(total.ctypes.data, scale.ctypes.data, va_z[it, kb:].ctypes.data,
-                          vb_p[kb:].ctypes.data, nk)
-                block_finish(tile, anchor, c_term, total, fraction_bits, out)
-
-
-def pack_tiles(c: np.ndarray, rows: int) -> np.ndarray:
-    """(B, M, N) -> (B, ceil(M/rows), ceil(N/COLS), rows·COLS): float64 output tiles, padded."""
-    nb, m, n = c.shape
-    mt, nt = -(-m // rows), -(-n // COLS)
-    padded = np.zeros((nb, mt * rows, nt * COLS))
-    padded[:, :m, :n] = c
-    return np.ascontiguousarray(
-        padded.reshape(nb, mt, rows, nt, COLS).transpose(0, 1, 3, 2, 4)).reshape(nb, mt, nt, -1)
-
-
-def unpack_tiles(tiles: np.ndarray, rows: int, m: int, n: int) -> np.ndarray:
-    """The inverse of :func:`pack_tiles`: (B, Mt, Nt, rows·COLS) -> (B, m, n)."""
-    nb, mt, nt, _ = tiles.shape
-    full = tiles.reshape(nb, mt, nt, rows, COLS).transpose(0, 1, 3, 2, 4)
-    return full.reshape(nb, mt * rows, nt * COLS)[:, :m, :n]

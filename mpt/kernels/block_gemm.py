@@ -1,0 +1,550 @@
+"""L1: the Tensor Core block model (:mod:`mpt.kernels.mma`), register-blocked in LLVM IR.
+
+``block_chain_packed`` runs the block model's chain over a k-range on packed operands, one
+BLOCK_ROWS x BLOCK_COLS (8 x 64) float32 output tile at a time, every block of L products in
+three passes over registers:
+
+1. **anchor**: E_p = max(floor, max_k (ea + eb)) over the block, on 64 uint8 lanes: A's nominal
+   exponents are stored as codes u = ea + s_a, B's as v = s_b − eb with s_b − s_a = floor, so
+   that the saturating difference u ⊖ v = max(0, ea + eb − floor); zeros are coded 0 in A and
+   255 in B, which makes the difference 0. With s_a = 255 − max ea, no code of a non-zero value
+   exceeds 255 or falls below 0 when max ea + max eb <= floor + 255 (the caller checks it); a
+   clipped code (a's below 0, b's above 255) belongs to products below the floor, whose
+   difference is 0 either way.
+2. **start** (16 lanes, float32 bit patterns, exponents as biased fields shifted to bit 23):
+   E = max(E_p, nominal(c)); s = 2^(F−E), q = 2^(E−F); c's term trunc(c·s).
+3. **sum**: total = Σ_k int32(fl(fl(a·b)·s)) (``fptosi`` truncates toward zero), then
+   **finish**: D = round_out((total + c's term)·q).
+
+Why every step is exact (F = fraction bits, L = block, P = output precision), given the caller's
+checks (all operands finite; every non-zero product's nominal exponent ea + eb in [F − 125,
+E_MAX] for RZ outputs, at most E_MAX for RNE-FP16; c finite and never past 2^E_MAX):
+
+* E lies in [F − 125, E_MAX] (RZ: the floor is max(e_zero, F − 125); FP16: e_zero >= −21), so
+  s and q are normal float32 powers of two;
+* a product that can give a non-zero term is >= 2^(E−F) >= 2^-125: a normal float32, and a·b
+  (at most 22 significant bits) and a·b·s are exact; a smaller product rounds to at most
+  2^-126, and times s <= 2^125 to at most 1/2, whose truncation is 0, as its true term's;
+* a term is below 2^(F+2) in magnitude (|a·b| < 4·2^(ea+eb) <= 4E), so L terms sum exactly in
+  int32 when L·2^(F+2) <= 2^31 (:func:`block_fits`); c's term (|c| < 2·nominal(c) <= 2E) is
+  below 2^(F+1), and where L·2^(F+2) + 2^(F+1) > 2^31 the kernel checks their sum for overflow;
+* RZ to P bits: the int32 sum converted toward zero to float32 (AVX-512's embedded rounding, or
+  portably: the magnitude cut to its top 24 bits by a mask from its leading zeros, then
+  converted exactly) and, for P < 24, its low 24 − P significand bits cleared; times q: exact,
+  normal (>= q >= 2^-125) and below 2^(E−F+32) <= 2^120. A non-zero c below 2^(F−125) —
+  reachable only by cancellation inside the chain — has no exact scale: the kernel flags it
+  where the operands allow it (``check_tiny``);
+* RNE-FP16: in float64 (exact product, magic-number rounding to the FP16 grid); a result past
+  65504 (Inf, which the next block could not take) raises the flag.
+
+A raised flag voids the call: the caller reruns it on the general kernel. Each output element
+sees the same operations in the same order whatever the tiling and the thread count. Oracle:
+``mpt.reference.mma`` and the hardware samples (tests/test_mma*.py).
+"""
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import llvmlite.ir as ir
+import numba
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32, _const,
+                              _k_loop, _panel_splats, _panel_vectors, _pointer)
+
+__all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "block_fits", "block_params", "operand_ranges",
+           "pack_block_rows", "pack_block_cols", "block_chain_packed", "finite_range",
+           "X86_ROUNDING"]
+
+BLOCK_ROWS = 8              # tile rows (the sum pass keeps 16 int32 totals in registers)
+BLOCK_COLS = 2 * COLS       # tile columns: 64 uint8 anchor lanes; the sum pass runs two halves
+E_MAX = 100                 # the largest anchor exponent the fast path takes (module docstring)
+_KC = 128                   # k-slice per tile call (a multiple of every block): B stays in L1
+_NO_EXP = 1 << 20           # "no non-zero value" in the exponent ranges
+
+#: Whether the RZ conversion uses AVX-512's embedded rounding (Numba compiling for this host).
+X86_ROUNDING = numba.config.CPU_NAME is None and \
+    bool(llvm.get_host_cpu_features().get("avx512f", False))
+
+# the int32 parameter vector (block_params): exponents are biased fields shifted to bit 23
+P_BLOCK, P_KEEP, P_FLOOR, P_TINY, P_EMIN_C, P_S, P_Q = range(7)
+_N_PARAMS = 7
+# kernel variants (bits): check for a tiny c, for an int32 overflow; RZ to fewer than 24 bits;
+# the RNE-FP16 output
+_CHECK_TINY, _CHECK_SUM, _SHORT, RNE16 = 1, 2, 4, 8
+
+_I8 = ir.IntType(8)
+_VI8 = ir.VectorType(_I8, BLOCK_COLS)
+_VF64 = ir.VectorType(ir.DoubleType(), _LANES)
+_VI64 = ir.VectorType(_I64, _LANES)
+_TILE = BLOCK_ROWS * BLOCK_COLS
+_SCRATCH_WORDS = _TILE // 4 + 3 * _TILE   # anchors (uint8), then s, q and c's terms (32-bit)
+
+
+# ---- LLVM IR ---------------------------------------------------------------------------------
+
+def _vconst(vtype, x):
+    return ir.Constant(vtype, [x] * vtype.count)
+
+
+def _splat(builder, x, vtype):
+    """x (a scalar of vtype's element type) broadcast to a vector."""
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), x, ir.Constant(_I32, 0))
+    zeros = ir.Constant(ir.VectorType(_I32, vtype.count), [0] * vtype.count)
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), zeros)
+
+
+def _call(builder, name, ret, args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
+    return builder.call(fn, args)
+
+
+def _at(builder, addr, offset, vtype):
+    """A pointer to the vtype at element ``offset`` (an int or an i64 value) of the array of
+    vtype's elements (vtype itself, for a scalar) at addr."""
+    base = _pointer(builder, addr, getattr(vtype, "element", vtype))
+    off = _const(offset) if isinstance(offset, int) else offset
+    return builder.bitcast(builder.gep(base, [off]), vtype.as_pointer())
+
+
+def _smax(builder, x, y):
+    return _call(builder, "llvm.smax.v16i32", _VI32, [x, y])
+
+
+def _emit_anchor(builder, ea_addr, eb_addr, n, anchor_addr):
+    """anchor[r, j] = max over k < n of u[k, r] ⊖ v[k, j] (uint8 codes, module docstring)."""
+    def step(k, anchor):
+        b = builder.load(_at(builder, eb_addr, builder.mul(k, _const(BLOCK_COLS)), _VI8), align=1)
+        row = builder.mul(k, _const(BLOCK_ROWS))
+        out = []
+        for r in range(BLOCK_ROWS):
+            word = builder.load(_at(builder, ea_addr, builder.add(row, _const(r)), _I32), align=4)
+            a = builder.bitcast(_splat(builder, word, _VI32), _VI8)
+            diff = _call(builder, "llvm.usub.sat.v64i8", _VI8, [a, b])
+            out.append(_call(builder, "llvm.umax.v64i8", _VI8, [anchor[r], diff]))
+        return out
+    anchor = _k_loop(builder, n, [_vconst(_VI8, 0)] * BLOCK_ROWS, step)
+    for r, value in enumerate(anchor):
+        builder.store(value, _at(builder, anchor_addr, r * BLOCK_COLS, _VI8), align=1)
+
+
+def _emit_sum(builder, va_addr, vb_addr, n, s_addr):
+    """One half (COLS columns) of the tile: total[r, j] = Σ_k<n int32(va[k, r]·vb[k, j]·s[r, j]);
+    vb_addr points at the half's first column of a BLOCK_COLS-wide panel."""
+    scale = [builder.load(_at(builder, s_addr, i * _LANES, _VF32), align=4)
+             for i in range(2 * BLOCK_ROWS)]
+
+    def step(k, total):
+        b = _panel_vectors(builder, vb_addr, builder.mul(k, _const(2)))   # rows of 2·COLS
+        a = _panel_splats(builder, va_addr, k, BLOCK_ROWS)
+        return [builder.add(total[i], builder.fptosi(
+            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
+            for i in range(len(total))]
+    return _k_loop(builder, n, [_vconst(_VI32, 0)] * (2 * BLOCK_ROWS), step)
+
+
+def _emit_start(builder, c, code, prm, variant, flag):
+    """The block's start for 16 outputs: (s, q, c's term, flag); c: float32 accumulator values,
+    code: the products' anchor codes (int32)."""
+    field = builder.and_(builder.bitcast(c, _VI32), _vconst(_VI32, 0x7F800000))
+    if variant & RNE16:        # nominal(c) = max(floor(log2|c|), emin of FP16) for c != 0
+        nonzero = builder.icmp_unsigned("!=", field, _vconst(_VI32, 0))
+        field = builder.select(nonzero, _smax(builder, field, prm[P_EMIN_C]), field)
+    if variant & _CHECK_TINY:  # a non-zero c below 2^(F−125)
+        tiny = builder.icmp_unsigned("<", builder.sub(field, _vconst(_VI32, 1 << 23)),
+                                     prm[P_TINY])
+        flag = builder.or_(flag, builder.sext(tiny, _VI32))
+    e = _smax(builder, builder.add(builder.shl(code, _vconst(_VI32, 23)), prm[P_FLOOR]), field)
+    s = builder.bitcast(builder.sub(prm[P_S], e), _VF32)
+    q = builder.bitcast(builder.sub(e, prm[P_Q]), _VF32)
+    return s, q, builder.fptosi(builder.fmul(c, s), _VI32), flag
+
+
+def _emit_finish(builder, total, c_term, q, prm, variant, flag):
+    """The block's result for 16 outputs: D = round_out((total + c_term)·q) as float32; with
+    _CHECK_SUM, an int32 overflow of the sum sets the flag's sign bit."""
+    s = builder.add(total, c_term)
+    if variant & _CHECK_SUM:   # sign bit: total and c's term agree in sign, their sum does not
+        if X86_ROUNDING:
+            wrapped = _call(builder, "llvm.x86.avx512.pternlog.d.512", _VI32,
+                            [total, c_term, s, ir.Constant(_I32, 0x42)])
+        else:
+            wrapped = builder.and_(builder.xor(total, s), builder.xor(c_term, s))
+        flag = builder.or_(flag, wrapped)
+    if variant & RNE16:
+        return _emit_round_fp16(builder, s, q, flag)
+    if X86_ROUNDING:   # vcvtdq2ps {rz-sae}: RZ to 24 bits in one instruction
+        value = _call(builder, "llvm.x86.avx512.sitofp.round.v16f32.v16i32", _VF32,
+                      [s, ir.Constant(_I32, 11)])
+        if variant & _SHORT:
+            value = builder.bitcast(builder.and_(builder.bitcast(value, _VI32), prm[P_KEEP]),
+                                    _VF32)
+    else:
+        mag = _call(builder, "llvm.abs.v16i32", _VI32, [s, ir.Constant(ir.IntType(1), 0)])
+        lz = _call(builder, "llvm.ctlz.v16i32", _VI32,
+                   [builder.or_(mag, _vconst(_VI32, 1)), ir.Constant(ir.IntType(1), 1)])
+        kept = builder.and_(mag, builder.not_(builder.lshr(prm[P_KEEP], lz)))
+        value = builder.bitcast(builder.or_(builder.bitcast(builder.uitofp(kept, _VF32), _VI32),
+                                            builder.and_(s, _vconst(_VI32, -0x80000000))),
+                                _VF32)
+    return builder.fmul(value, q), flag
+
+
+def _emit_round_fp16(builder, s, q, flag):
+    """RNE-FP16 of s·q (s an int32), in float64: exact product, then the nearest value of the
+    FP16 grid max(2^floor(log2|v|), 2^-14)·2^-10, ties to even (add and subtract 1.5·2^52 grid
+    units); a non-zero s that rounds to zero keeps its sign. Past 65504 it flags."""
+    v = builder.fmul(builder.sitofp(s, _VF64), builder.fpext(q, _VF64))
+    top = builder.bitcast(builder.and_(builder.bitcast(v, _VI64),
+                                       _vconst(_VI64, 0x7FF0000000000000)), _VF64)
+    grid = builder.fmul(_call(builder, "llvm.maxnum.v16f64", _VF64,
+                              [top, _vconst(_VF64, 2.0 ** -14)]), _vconst(_VF64, 2.0 ** -10))
+    magic = builder.fmul(grid, _vconst(_VF64, 1.5 * 2.0 ** 52))
+    r = _call(builder, "llvm.copysign.v16f64", _VF64,
+              [builder.fsub(builder.fadd(v, magic), magic), v])
+    big = builder.fcmp_ordered(">", _call(builder, "llvm.fabs.v16f64", _VF64, [r]),
+                               _vconst(_VF64, 65504.0))
+    return builder.fptrunc(r, _VF32), builder.or_(flag, builder.sext(big, _VI32))
+
+
+def _emit_tile(variant):
+    def emit(builder, acc_addr, ldc, va_addr, ea_addr, vb_addr, eb_addr, nk, prm_addr,
+             scratch_addr, flag_addr):
+        """The block chain over k < nk for the tile at acc_addr (row stride ldc floats); ORs 1
+        into the int32 at flag_addr if the tile raised the flag."""
+        prm = [_splat(builder, builder.load(_at(builder, prm_addr, i, _I32), align=4), _VI32)
+               for i in range(_N_PARAMS)]
+        block = builder.sext(builder.load(_at(builder, prm_addr, P_BLOCK, _I32)), _I64)
+        anchor_addr = scratch_addr
+        s_addr = builder.add(scratch_addr, _const(_TILE))
+        q_addr = builder.add(s_addr, _const(4 * _TILE))
+        cterm_addr = builder.add(q_addr, _const(4 * _TILE))
+        row_bytes = builder.mul(ldc, _const(4))
+        codes = ir.VectorType(_I8, _LANES)
+
+        def vectors(half):
+            """(index, accumulator pointer) of the 16 vectors of one half of the tile."""
+            for r in range(BLOCK_ROWS):
+                row = builder.add(acc_addr, builder.mul(row_bytes, _const(r)))
+                for v in range(2):
+                    i = r * 2 + v
+                    yield half * 2 * BLOCK_ROWS + i, \
+                        _at(builder, row, (2 * half + v) * _LANES, _VF32)
+
+        def one_block(ib, state):
+            flag, = state
+            kb = builder.mul(ib, block)
+            n = builder.sub(nk, kb)
+            n = builder.select(builder.icmp_signed("<", n, block), n, block)
+            va = builder.add(va_addr, builder.mul(kb, _const(4 * BLOCK_ROWS)))
+            vb = builder.add(vb_addr, builder.mul(kb, _const(4 * BLOCK_COLS)))
+            _emit_anchor(builder, builder.add(ea_addr, builder.mul(kb, _const(4 * BLOCK_ROWS))),
+                         builder.add(eb_addr, builder.mul(kb, _const(BLOCK_COLS))), n,
+                         anchor_addr)
+            for half in range(2):
+                for i, c_ptr in vectors(half):
+                    r, v = divmod(i % (2 * BLOCK_ROWS), 2)
+                    code = builder.zext(builder.load(_at(
+                        builder, anchor_addr, r * BLOCK_COLS + (2 * half + v) * _LANES, codes),
+                        align=1), _VI32)
+                    s, q, c_term, flag = _emit_start(builder, builder.load(c_ptr, align=4),
+                                                     code, prm, variant, flag)
+                    builder.store(s, _at(builder, s_addr, i * _LANES, _VF32), align=4)
+                    builder.store(q, _at(builder, q_addr, i * _LANES, _VF32), align=4)
+                    builder.store(c_term, _at(builder, cterm_addr, i * _LANES, _VI32), align=4)
+            for half in range(2):
+                first = half * 2 * BLOCK_ROWS
+                total = _emit_sum(builder, va, builder.add(vb, _const(4 * COLS * half)), n,
+                                  builder.add(s_addr, _const(4 * _LANES * first)))
+                for i, c_ptr in vectors(half):
+                    c_term = builder.load(_at(builder, cterm_addr, i * _LANES, _VI32), align=4)
+                    q = builder.load(_at(builder, q_addr, i * _LANES, _VF32), align=4)
+                    d, flag = _emit_finish(builder, total[i - first], c_term, q, prm, variant,
+                                           flag)
+                    builder.store(d, c_ptr, align=4)
+            return [flag]
+        nblocks = builder.sdiv(builder.sub(builder.add(nk, block), _const(1)), block)
+        flag, = _k_loop(builder, nblocks, [_vconst(_VI32, 0)], one_block)
+        raised = _call(builder, "llvm.vector.reduce.or.v16i1", ir.IntType(1),
+                       [builder.icmp_signed("<", flag, _vconst(_VI32, 0))])
+        flag_ptr = _pointer(builder, flag_addr, _I32)
+        builder.store(builder.or_(builder.load(flag_ptr, align=4), builder.zext(raised, _I32)),
+                      flag_ptr, align=4)
+    return emit
+
+
+def _tile_intrinsic(variant):
+    """The tile kernel of one variant as an intrinsic of 10 intp arguments (addresses, counts)."""
+    emit = _emit_tile(variant)
+
+    @intrinsic
+    def tile(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
+        def codegen(context, builder, signature, args):
+            emit(builder, *args)
+            return context.get_dummy_value()
+        return types.void(*([types.intp] * 10)), codegen
+    return tile
+
+
+_tile_rz = _tile_intrinsic(0)
+_tile_rz_tiny = _tile_intrinsic(_CHECK_TINY)
+_tile_rz_sum = _tile_intrinsic(_CHECK_SUM)
+_tile_rz_tiny_sum = _tile_intrinsic(_CHECK_TINY | _CHECK_SUM)
+_tile_short = _tile_intrinsic(_SHORT)
+_tile_short_tiny = _tile_intrinsic(_SHORT | _CHECK_TINY)
+_tile_rne16 = _tile_intrinsic(RNE16 | _CHECK_SUM)
+#: The variants block_params chooses from (the others are never needed: an RZ output of fewer
+#: than 24 bits comes with F = 13, whose sums never overflow).
+VARIANTS = (0, _CHECK_TINY, _CHECK_SUM, _CHECK_TINY | _CHECK_SUM, _SHORT, _SHORT | _CHECK_TINY,
+            RNE16 | _CHECK_SUM)
+
+
+@njit(inline="always")
+def _tile(variant, args):
+    if variant == 0:
+        _tile_rz(*args)
+    elif variant == _CHECK_TINY:
+        _tile_rz_tiny(*args)
+    elif variant == _CHECK_SUM:
+        _tile_rz_sum(*args)
+    elif variant == _CHECK_TINY | _CHECK_SUM:
+        _tile_rz_tiny_sum(*args)
+    elif variant == _SHORT:
+        _tile_short(*args)
+    elif variant == _SHORT | _CHECK_TINY:
+        _tile_short_tiny(*args)
+    else:
+        _tile_rne16(*args)
+
+
+@njit(cache=True, parallel=True)
+def block_chain_packed(vap, eap, vbp, ebp, acc, ia, ib, k0, k1, prm, variant):
+    """The block model's chain over k in [k0, k1) (``mpt.kernels.mma.block_chain``), fast path.
+
+    vap, eap: (Ba, Mt, K, BLOCK_ROWS) float32 values / uint32 anchor codes of A from
+    :func:`pack_block_rows`; vbp, ebp: (Bb, Nt, K, BLOCK_COLS) float32 / uint8 of B from
+    :func:`pack_block_cols`; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32, C-contiguous, in:
+    c, out: D; prm, variant: from :func:`block_params`. Returns whether a tile raised the flag
+    (the call's bits are then void). Tasks are (batch, column panel, 8 row tiles).
+    """
+    nb, ldc = acc.shape[0], acc.shape[2]
+    mt, nt = vap.shape[1], vbp.shape[1]
+    groups = (mt + _ROW_TILES - 1) // _ROW_TILES
+    step = _KC // prm[P_BLOCK] * prm[P_BLOCK]
+    flags = np.zeros(nb * nt * groups, np.int32)
+    for t in prange(nb * nt * groups):
+        z = t // (nt * groups)
+        jt = t // groups % nt
+        g = t % groups
+        scratch = np.empty(_SCRATCH_WORDS, np.int32)
+        va_z, ea_z, vb_p, eb_p = vap[ia[z]], eap[ia[z]], vbp[ib[z], jt], ebp[ib[z], jt]
+        for kc in range(k0, k1, step):
+            nk = min(step, k1 - kc)
+            for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
+                args = (acc[z, it * BLOCK_ROWS:, jt * BLOCK_COLS:].ctypes.data, ldc,
+                        va_z[it, kc:].ctypes.data, ea_z[it, kc:].ctypes.data,
+                        vb_p[kc:].ctypes.data, eb_p[kc:].ctypes.data, nk, prm.ctypes.data,
+                        scratch.ctypes.data, flags[t:].ctypes.data)
+                _tile(variant, args)
+    return flags.any()
+
+
+# ---- parameters ------------------------------------------------------------------------------
+
+def block_fits(block: int, fraction_bits: int) -> bool:
+    """Whether a block's terms sum in int32 (L·2^(F+2) <= 2^31): the fast path's first condition."""
+    return block << (fraction_bits + 2) <= 1 << 31
+
+
+def block_params(block, fraction_bits, e_zero, precision, emin, rne16, ranges):
+    """(int32 parameter vector, kernel variant, code shifts (s_a, s_b)) of
+    :func:`block_chain_packed`, or None when the operands are outside the fast path.
+
+    The configuration: block L, F, e_zero, the output rounding (RZ to ``precision`` bits, or
+    RNE-FP16 with ``rne16``) and the output's ``emin``; ``ranges``: from
+    :func:`operand_ranges`. The floor of E is max(e_zero, F − 125) (RZ) or e_zero (FP16). A
+    non-zero c can fall below 2^(F−125) only by cancellation, to |D| >= q >= 2^(lowest − F),
+    so the tiny check is needed only when lowest < 2F − 125 (the caller checks the first c);
+    the overflow check only when L·2^(F+2) + 2^(F+1) > 2^31.
+    """
+    lowest, highest, top_a, top_b = ranges
+    floor = e_zero if rne16 else max(e_zero, fraction_bits - 125)
+    if highest > E_MAX or (not rne16 and lowest < fraction_bits - 125) or \
+            top_a + top_b > floor + 255:
+        return None
+    if X86_ROUNDING:   # clear the low 24 − P significand bits of the RZ-24 result
+        keep = -(1 << (24 - precision))
+    else:              # the bits below the top P of a 32-bit magnitude, shifted by its zeros
+        keep = (1 << (32 - precision)) - 1
+    fields = {P_BLOCK: block, P_KEEP: keep, P_FLOOR: (floor + 127) << 23,
+              P_TINY: (fraction_bits - 125 + 126) << 23, P_EMIN_C: (emin + 127) << 23,
+              P_S: (fraction_bits + 254) << 23, P_Q: fraction_bits << 23}
+    prm = np.array([fields[i] for i in range(_N_PARAMS)], np.int64).astype(np.uint32)
+    if rne16:
+        variant = RNE16 | _CHECK_SUM
+    else:
+        wide = (block << (fraction_bits + 2)) + (1 << (fraction_bits + 1)) > 1 << 31
+        variant = (_CHECK_TINY if lowest < 2 * fraction_bits - 125 else 0) | \
+            (_CHECK_SUM if wide else 0) | (_SHORT if precision < 24 else 0)
+    shift_a = 255 - top_a
+    return prm.view(np.int32), variant, (shift_a, shift_a + floor)
+
+
+# ---- packing -----------------------------------------------------------------------------------
+
+_NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
+
+
+@njit(inline="always")
+def _field(x, field_min):
+    """The nominal exponent of a float32 pattern x (uint32) as a biased field, at least
+    ``field_min`` = emin + 127 (a float32 subnormal takes the format's emin), and whether x is
+    non-zero (the sign shifted out)."""
+    return max((x >> np.uint32(23)) & np.uint32(0xFF), field_min), \
+        np.uint32(x << np.uint32(1)) != np.uint32(0)
+
+
+@njit(inline="always")
+def _widen(low, high, x, field_min):
+    """(low, high) widened by the nominal exponent field of x if x is non-zero (select-free, so
+    that reductions vectorize)."""
+    f, nonzero = _field(x, field_min)
+    mask = np.uint32(0) - np.uint32(nonzero)                  # all ones for a non-zero x
+    return min(low, f | (np.uint32(_NONE_LO) & ~mask)), max(high, f & mask)
+
+
+@njit(cache=True, parallel=True)
+def _ranges_k(bits, field_min, lo, hi):
+    """lo/hi[z, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] (_NONE_LO /
+    0 if none; 255: Inf or NaN). bits: (B, R, K) uint32, contiguous along K. (Direct indexing,
+    no row views: the loops vectorize.)"""
+    nb, nr, k = bits.shape
+    for z in prange(nb):
+        for i in range(nr):
+            for kk in range(k):
+                lo[z, kk], hi[z, kk] = _widen(lo[z, kk], hi[z, kk], bits[z, i, kk], field_min)
+
+
+@njit(cache=True, parallel=True)
+def _ranges_r(bits, field_min, lo, hi):
+    """As :func:`_ranges_k` for bits contiguous along R."""
+    nb, nr, k = bits.shape
+    for t in prange(nb * k):
+        z, kk = t // k, t % k
+        low, high = np.uint32(_NONE_LO), np.uint32(0)
+        for i in range(nr):
+            low, high = _widen(low, high, bits[z, i, kk], field_min)
+        lo[z, kk], hi[z, kk] = low, high
+
+
+@njit(cache=True, parallel=True)
+def _pack_values(bits, vout, along_k):
+    """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
+    along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
+    faster axis)."""
+    nb, nr, k = bits.shape
+    npanel, width = vout.shape[1], vout.shape[3]
+    for t in prange(nb * npanel):
+        z, p = t // npanel, t % npanel
+        w_n = min(width, nr - p * width)
+        vout[z, p, :, w_n:] = 0
+        if along_k:
+            for w in range(w_n):
+                vout[z, p, :, w] = bits[z, p * width + w, :]
+        else:
+            for kk in range(k):
+                vout[z, p, kk, :w_n] = bits[z, p * width:p * width + w_n, kk]
+
+
+@njit(cache=True, parallel=True)
+def _pack_codes(values, field_min, shift, sign, zero_code, eout):
+    """eout = the anchor code of each packed value (uint32 patterns): clip(shift + sign·field,
+    0, 255), ``zero_code`` for zeros and padding (A: sign +1, zero 0, the byte four times in a
+    uint32 output; B: sign −1, zero 255, uint8)."""
+    flat, codes = values.reshape(-1), eout.reshape(-1)
+    replicate = 0x01010101 if eout.itemsize == 4 else 1
+    for t in prange((flat.size + 4095) // 4096):
+        for i in range(t * 4096, min(flat.size, (t + 1) * 4096)):
+            x = flat[i]
+            f, nonzero = _field(x, field_min)
+            code = min(max(shift + sign * np.int32(f), 0), 255)
+            codes[i] = (code if nonzero else zero_code) * replicate
+
+
+def _along_k(x):
+    """Whether x (B, R, K) is laid out with K the faster axis (else R)."""
+    return abs(x.strides[2]) <= abs(x.strides[1])
+
+
+def operand_ranges(a, b, emin_a, emin_b):
+    """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
+    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 (any strides). The
+    product range is exact for one batch element: min over k of (lowest over column k of A +
+    lowest over row k of B), and so on."""
+    out = []
+    for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
+        lo = np.full((x.shape[0], x.shape[2]), _NONE_LO, np.uint32)
+        hi = np.zeros((x.shape[0], x.shape[2]), np.uint32)
+        (_ranges_k if _along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
+                                                   lo, hi)
+        out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
+    (la, ha), (lb, hb) = out
+    if max(ha.max(initial=0), hb.max(initial=0)) == 0xFF:
+        return False, None
+    both = (ha > 0) & (hb > 0)                         # k with a non-zero product
+    lowest = int((la + lb)[both].min(initial=_NO_EXP)) - 254
+    highest = int((ha + hb)[both].max(initial=-_NO_EXP)) - 254
+    return True, (lowest, highest, int(ha.max(initial=0)) - 127, int(hb.max(initial=0)) - 127)
+
+
+def pack_block_rows(a: np.ndarray, emin: int, shift: int):
+    """A (B, M, K) float32 (any strides) -> (values (B, Mt, K, BLOCK_ROWS) float32, anchor codes
+    (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each byte four times);
+    ``shift``: s_a of :func:`block_params`."""
+    nb, m, k = a.shape
+    mt = -(-m // BLOCK_ROWS)
+    values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
+    codes = np.empty((nb, mt, k, BLOCK_ROWS), np.uint32)
+    _pack_values(a.view(np.uint32), values.view(np.uint32), _along_k(a))
+    _pack_codes(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127),
+                np.int32(1), np.int32(0), codes)
+    return values, codes
+
+
+def pack_block_cols(b: np.ndarray, emin: int, shift: int):
+    """B (B, K, N) float32 (any strides) -> (values (B, Nt, K, BLOCK_COLS) float32, anchor codes
+    (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros); ``shift``: s_b of
+    :func:`block_params` (>= every eb)."""
+    nb, k, n = b.shape
+    nt = -(-n // BLOCK_COLS)
+    values = np.empty((nb, nt, k, BLOCK_COLS), np.float32)
+    codes = np.empty((nb, nt, k, BLOCK_COLS), np.uint8)
+    bt = b.transpose(0, 2, 1)
+    _pack_values(bt.view(np.uint32), values.view(np.uint32), _along_k(bt))
+    _pack_codes(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127),
+                np.int32(-1), np.int32(255), codes)
+    return values, codes
+
+
+def finite_range(x):
+    """(every value finite?, largest magnitude, smallest non-zero magnitude (inf if none)) of a
+    C-contiguous float32 array."""
+    top, low = _magnitude_bits(x.reshape(-1).view(np.uint32))
+    finite = top < 0x7F800000
+    as_float = lambda bits: float(np.uint32(bits).view(np.float32))  # noqa: E731
+    return finite, as_float(top) if finite else np.inf, as_float(low) if low else np.inf
+
+
+@njit(cache=True)
+def _magnitude_bits(bits):
+    """(largest, smallest non-zero (0 if none)) |x| of float32 patterns, as patterns: magnitude
+    bits order like magnitudes (NaNs above Inf). Unsigned arithmetic, so that it vectorizes:
+    shifting out the sign doubles the magnitude bits, and 0 − 1 wraps above every other."""
+    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    for i in range(bits.size):
+        m = np.uint32(bits[i] << np.uint32(1))
+        top = max(top, m)
+        low = min(low, np.uint32(m - np.uint32(1)))
+    return top >> np.uint32(1), np.uint32(low + np.uint32(1)) >> np.uint32(1)
