@@ -55,6 +55,10 @@ import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
+from mpt.kernels.block_gemm import BLOCK_COLS as _BC
+from mpt.kernels.block_gemm import BLOCK_ROWS as _BR
+from mpt.kernels.block_gemm import (E_MAX, SCRATCH_WORDS, chain_tiles, product_range,
+                                    tile_pack_a, tile_pack_b, tile_params, tile_ranges)
 from mpt.kernels.gemm import COLS, ROWS, fma_tile
 from mpt.kernels.mma import block_finish, block_scale, block_start, threads_for
 from mpt.kernels.random import philox_block, split64
@@ -192,14 +196,23 @@ def _at(x, z, r0, transposed, r, k):
 def _scratch(eng, m, kk, n):
     """Per-task buffers of the engine: packed A (ceil(m/ROWS), kk, ROWS) and B (ceil(n/COLS), kk,
     COLS) panels (FMA_TILE); decoded A values/nominals (m, kk), B (kk, n) and five (n,) float64
-    rows (BLOCK). Unused buffers are empty."""
+    rows (BLOCK, general path); the register-blocked block path's packed panels, anchor codes,
+    parameters, tile scratch, flag, a copy of c and four (kk,) exponent ranges (BLOCK). Unused
+    buffers are empty."""
     fast, block = eng[0] == FMA_TILE, eng[0] == BLOCK
     ap = np.zeros(((m + ROWS - 1) // ROWS if fast else 0, kk, ROWS), np.float32)
     bp = np.zeros(((n + COLS - 1) // COLS if fast else 0, kk, COLS), np.float32)
     mb, kb, nb = (m, kk, n) if block else (0, 0, 0)
+    mt, nt = (m + _BR - 1) // _BR if block else 0, (n + _BC - 1) // _BC if block else 0
     return (ap, bp, np.empty((mb, kb)), np.empty((mb, kb)), np.empty((kb, nb)),
             np.empty((kb, nb)), np.empty(nb), np.empty(nb), np.empty(nb), np.empty(nb),
-            np.empty(nb))
+            np.empty(nb),
+            np.empty((mt, kb, _BR), np.float32), np.empty((mt, kb, _BR), np.uint32),
+            np.empty((nt, kb, _BC), np.float32), np.empty((nt, kb, _BC), np.uint8),
+            np.empty(8, np.int32), np.empty(SCRATCH_WORDS if block else 0, np.int32),
+            np.zeros(1, np.int32), np.empty((mt * _BR, nt * _BC), np.float32),
+            np.empty(kb, np.uint32), np.empty(kb, np.uint32), np.empty(kb, np.uint32),
+            np.empty(kb, np.uint32))
 
 
 @njit
@@ -239,12 +252,78 @@ def _mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
 @njit
 def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
     """The block model of ``mpt.kernels.mma`` (specs/tensor_cores.md §1) for every c[r, :n]:
-    blocks of L products from k = 0; per block the anchor E = max(2^e_zero, nominal(c),
-    max nominal(a)·nominal(b)), the exact sum of the truncated terms and one rounding to the
-    output (``block_start`` / ``block_scale`` / ``block_finish``), on a float64 copy of the row
-    (exact: it holds FP32 values)."""
+    the register-blocked tile kernel (``mpt.kernels.block_gemm``) when the operands and c meet
+    its conditions and it raises no flag, else :func:`_mm_block_general`."""
+    a2 = a[za, ra:ra + kk, :m].T if a_t else a[za, ra:ra + m, :kk]          # (m, kk)
+    b2 = b[zb, rb:rb + n, :kk].T if b_t else b[zb, rb:rb + kk, :n]          # (kk, n)
+    if not _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
+        _mm_block_general(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc)
+
+
+@njit
+def _exponent_of(x):
+    """e for x = 2^e (a float64 power of two)."""
+    return math.frexp(x)[1] - 1
+
+
+@njit
+def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
+    """c[:m, :n] = the block chain of a2 (m, kk)·b2 (kk, n) onto c by the tile kernel; False
+    (c unchanged) where its conditions fail or it raises the flag (``block_chain_packed``'s,
+    checked here per call: operands finite and in the window, c finite, no c that could grow
+    past 2^E_MAX and, without the tiny check, no non-zero |c| below 2^(F−125))."""
+    va, ea, vb, eb, prm, scratch, flag, saved, lo_a, hi_a, lo_b, hi_b = sc[11:]
+    L, F = eng[1], eng[2]
+    fmin = np.uint32(max(_exponent_of(eng[8]) + 127, 1))
+    for x in (lo_a, lo_b):
+        x[:kk] = 0xFFFF
+    for x in (hi_a, hi_b):
+        x[:kk] = 0
+    tile_ranges(a2, fmin, lo_a, hi_a)
+    tile_ranges(b2.T, fmin, lo_b, hi_b)
+    finite, lowest, highest, top_a, top_b = product_range(lo_a[:kk], hi_a[:kk], lo_b[:kk],
+                                                         hi_b[:kk])
+    if not finite:
+        return False
+    precision = 1 - _exponent_of(eng[5])
+    variant, shift_a, shift_b = tile_params(L, F, _exponent_of(eng[3]), precision,
+                                            _exponent_of(eng[4]), False, lowest, highest,
+                                            top_a, top_b, prm)
+    if variant < 0:
+        return False
+    largest, smallest = 0.0, np.inf
+    for r in range(m):
+        for j in range(n):
+            x = abs(np.float64(c[r, j]))
+            if not x < np.inf:
+                return False
+            largest = max(largest, x)
+            if x != 0.0:
+                smallest = min(smallest, x)
+    if largest + kk * 2.0 ** (highest + 2) >= 2.0 ** E_MAX or smallest < 2.0 ** (F - 125):
+        return False
+    mt, nt = (m + _BR - 1) // _BR, (n + _BC - 1) // _BC
+    tile_pack_a(a2, fmin, np.int32(shift_a - 127), va, ea)
+    tile_pack_b(b2.T, fmin, np.int32(shift_b + 127), vb, eb)
+    region = c[:mt * _BR, :nt * _BC]
+    saved[:mt * _BR, :nt * _BC] = region
+    flag[0] = 0
+    chain_tiles(c, va[:mt], ea[:mt], vb[:nt], eb[:nt], kk, prm, variant, scratch, flag)
+    if flag[0] == 0:
+        return True
+    region[:, :] = saved[:mt * _BR, :nt * _BC]
+    return False
+
+
+@njit
+def _mm_block_general(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
+    """The block model per output row, in float64 scalar code: blocks of L products from
+    k = 0; per block the anchor E = max(2^e_zero, nominal(c), max nominal(a)·nominal(b)), the
+    exact sum of the truncated terms and one rounding to the output (``block_start`` /
+    ``block_scale`` / ``block_finish``), on a float64 copy of the row (exact: it holds FP32
+    values)."""
     L, F, zero_pow2, out, emin_pow2 = eng[1], eng[2], eng[3], eng[4:8], eng[8]
-    av, ap, bv, bp, anchor, scale, c_term, total, d = sc[2:]
+    av, ap, bv, bp, anchor, scale, c_term, total, d = sc[2:11]
     for r in range(m):
         for k in range(kk):
             x = np.float64(_at(a, za, ra, a_t, r, k))
@@ -277,8 +356,9 @@ def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
 
 @njit(inline="always")
 def _tile(rows, cols, dtype):
-    """A zeroed accumulator tile padded to whole ROWS x COLS micro-tiles."""
-    return np.zeros(((rows + ROWS - 1) // ROWS * ROWS, (cols + COLS - 1) // COLS * COLS), dtype)
+    """A zeroed accumulator tile padded to whole micro-tiles of every engine (ROWS x COLS and
+    BLOCK_ROWS x BLOCK_COLS: 8 x 64)."""
+    return np.zeros(((rows + _BR - 1) // _BR * _BR, (cols + _BC - 1) // _BC * _BC), dtype)
 
 
 # ---- forward -------------------------------------------------------------------------------------

@@ -50,12 +50,14 @@ import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
+from mpt.kernels.mma import f32_bits
 from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32, _const,
                               _k_loop, _panel_splats, _panel_vectors, _pointer)
 
-__all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "block_fits", "block_params", "operand_ranges",
-           "pack_block_rows", "pack_block_cols", "block_chain_packed", "finite_range",
-           "X86_ROUNDING"]
+__all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "block_fits",
+           "tile_params", "block_params", "operand_ranges", "pack_block_rows", "pack_block_cols",
+           "block_chain_packed", "finite_range", "tile_ranges", "product_range", "tile_pack_a", "tile_pack_b",
+           "chain_tiles"]
 
 BLOCK_ROWS = 8              # tile rows (the sum pass keeps 16 int32 totals in registers)
 BLOCK_COLS = 2 * COLS       # tile columns: 64 uint8 anchor lanes; the sum pass runs two halves
@@ -79,7 +81,7 @@ _VI8 = ir.VectorType(_I8, BLOCK_COLS)
 _VF64 = ir.VectorType(ir.DoubleType(), _LANES)
 _VI64 = ir.VectorType(_I64, _LANES)
 _TILE = BLOCK_ROWS * BLOCK_COLS
-_SCRATCH_WORDS = _TILE // 4 + 3 * _TILE   # anchors (uint8), then s, q and c's terms (32-bit)
+SCRATCH_WORDS = _TILE // 4 + 3 * _TILE   # anchors (uint8), then s, q and c's terms (32-bit)
 
 
 # ---- LLVM IR ---------------------------------------------------------------------------------
@@ -338,7 +340,7 @@ def block_chain_packed(vap, eap, vbp, ebp, acc, ia, ib, k0, k1, prm, variant):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        scratch = np.empty(_SCRATCH_WORDS, np.int32)
+        scratch = np.empty(SCRATCH_WORDS, np.int32)
         va_z, ea_z, vb_p, eb_p = vap[ia[z]], eap[ia[z]], vbp[ib[z], jt], ebp[ib[z], jt]
         for kc in range(k0, k1, step):
             nk = min(step, k1 - kc)
@@ -358,38 +360,53 @@ def block_fits(block: int, fraction_bits: int) -> bool:
     return block << (fraction_bits + 2) <= 1 << 31
 
 
-def block_params(block, fraction_bits, e_zero, precision, emin, rne16, ranges):
-    """(int32 parameter vector, kernel variant, code shifts (s_a, s_b)) of
-    :func:`block_chain_packed`, or None when the operands are outside the fast path.
+@njit(cache=True)
+def tile_params(block, fraction_bits, e_zero, precision, emin, rne16, lowest, highest, top_a,
+                top_b, prm):
+    """Fill the int32 parameter vector prm of the tile kernels for one configuration and
+    operands; returns (variant, s_a, s_b) — the kernel variant (−1: outside the fast path) and
+    the code shifts of A and B (module docstring).
 
     The configuration: block L, F, e_zero, the output rounding (RZ to ``precision`` bits, or
-    RNE-FP16 with ``rne16``) and the output's ``emin``; ``ranges``: from
-    :func:`operand_ranges`. The floor of E is max(e_zero, F − 125) (RZ) or e_zero (FP16). A
-    non-zero c can fall below 2^(F−125) only by cancellation, to |D| >= q >= 2^(lowest − F),
+    RNE-FP16 with ``rne16``) and the output's ``emin``; the operands: the lowest and highest
+    nominal exponent ea + eb of a non-zero product and the highest non-zero exponent of A and
+    of B (:func:`product_range`). The floor of E is max(e_zero, F − 125) (RZ) or e_zero (FP16).
+    A non-zero c can fall below 2^(F−125) only by cancellation, to |D| >= q >= 2^(lowest − F),
     so the tiny check is needed only when lowest < 2F − 125 (the caller checks the first c);
     the overflow check only when L·2^(F+2) + 2^(F+1) > 2^31.
     """
-    lowest, highest, top_a, top_b = ranges
     floor = e_zero if rne16 else max(e_zero, fraction_bits - 125)
     if highest > E_MAX or (not rne16 and lowest < fraction_bits - 125) or \
             top_a + top_b > floor + 255:
-        return None
+        return -1, 0, 0
     if X86_ROUNDING:   # clear the low 24 − P significand bits of the RZ-24 result
-        keep = -(1 << (24 - precision))
+        prm[P_KEEP] = -(1 << (24 - precision))
     else:              # the bits below the top P of a 32-bit magnitude, shifted by its zeros
-        keep = (1 << (32 - precision)) - 1
-    fields = {P_BLOCK: block, P_KEEP: keep, P_FLOOR: (floor + 127) << 23,
-              P_TINY: (fraction_bits - 125 + 126) << 23, P_EMIN_C: (emin + 127) << 23,
-              P_S: (fraction_bits + 254) << 23, P_Q: fraction_bits << 23}
-    prm = np.array([fields[i] for i in range(_N_PARAMS)], np.int64).astype(np.uint32)
+        prm[P_KEEP] = (1 << (32 - precision)) - 1
+    prm[P_BLOCK] = block
+    prm[P_FLOOR] = (floor + 127) << 23
+    prm[P_TINY] = (fraction_bits - 125 + 126) << 23
+    prm[P_EMIN_C] = (emin + 127) << 23
+    prm[P_S] = np.int32(np.uint32((fraction_bits + 254) << 23))
+    prm[P_Q] = fraction_bits << 23
     if rne16:
         variant = RNE16 | _CHECK_SUM
     else:
-        wide = (block << (fraction_bits + 2)) + (1 << (fraction_bits + 1)) > 1 << 31
-        variant = (_CHECK_TINY if lowest < 2 * fraction_bits - 125 else 0) | \
-            (_CHECK_SUM if wide else 0) | (_SHORT if precision < 24 else 0)
-    shift_a = 255 - top_a
-    return prm.view(np.int32), variant, (shift_a, shift_a + floor)
+        variant = _SHORT if precision < 24 else 0
+        if lowest < 2 * fraction_bits - 125:
+            variant |= _CHECK_TINY
+        if (block << (fraction_bits + 2)) + (1 << (fraction_bits + 1)) > 1 << 31:
+            variant |= _CHECK_SUM
+    return variant, 255 - top_a, 255 - top_a + floor
+
+
+def block_params(block, fraction_bits, e_zero, precision, emin, rne16, ranges):
+    """(int32 parameter vector, kernel variant, code shifts (s_a, s_b)) of
+    :func:`block_chain_packed` (see :func:`tile_params`), or None outside the fast path."""
+    prm = np.zeros(_N_PARAMS, np.int32)
+    variant, shift_a, shift_b = tile_params(block, fraction_bits, e_zero, precision, emin,
+                                            rne16, *ranges, prm)
+    return None if variant < 0 else (prm, variant, (shift_a, shift_b))
 
 
 # ---- packing -----------------------------------------------------------------------------------
@@ -458,19 +475,37 @@ def _pack_values(bits, vout, along_k):
                 vout[z, p, kk, :w_n] = bits[z, p * width:p * width + w_n, kk]
 
 
-@njit(cache=True, parallel=True)
-def _pack_codes(values, field_min, shift, sign, zero_code, eout):
-    """eout = the anchor code of each packed value (uint32 patterns): clip(shift + sign·field,
-    0, 255), ``zero_code`` for zeros and padding (A: sign +1, zero 0, the byte four times in a
-    uint32 output; B: sign −1, zero 255, uint8)."""
+@njit(inline="always")
+def _code_a(x, field_min, shift):
+    """A's anchor code of the float32 pattern x: max(field + shift, 0), 0 for a zero; the byte
+    four times in a uint32."""
+    f, nonzero = _field(x, field_min)
+    code = max(np.int32(f) + shift, np.int32(0))
+    return (np.uint32(code) if nonzero else np.uint32(0)) * np.uint32(0x01010101)
+
+
+@njit(inline="always")
+def _code_b(x, field_min, shift):
+    """B's anchor code of the float32 pattern x: min(shift − field, 255), 255 for a zero."""
+    f, nonzero = _field(x, field_min)
+    code = min(shift - np.int32(f), np.int32(255))
+    return np.uint8(code) if nonzero else np.uint8(255)
+
+
+@njit(cache=True)
+def _codes_a(values, field_min, shift, eout):
+    """eout = A's anchor code (:func:`_code_a`) of each packed value (uint32 patterns)."""
     flat, codes = values.reshape(-1), eout.reshape(-1)
-    replicate = 0x01010101 if eout.itemsize == 4 else 1
-    for t in prange((flat.size + 4095) // 4096):
-        for i in range(t * 4096, min(flat.size, (t + 1) * 4096)):
-            x = flat[i]
-            f, nonzero = _field(x, field_min)
-            code = min(max(shift + sign * np.int32(f), 0), 255)
-            codes[i] = (code if nonzero else zero_code) * replicate
+    for i in range(flat.size):
+        codes[i] = _code_a(flat[i], field_min, shift)
+
+
+@njit(cache=True)
+def _codes_b(values, field_min, shift, eout):
+    """eout = B's anchor code (:func:`_code_b`) of each packed value (uint32 patterns)."""
+    flat, codes = values.reshape(-1), eout.reshape(-1)
+    for i in range(flat.size):
+        codes[i] = _code_b(flat[i], field_min, shift)
 
 
 def _along_k(x):
@@ -508,8 +543,7 @@ def pack_block_rows(a: np.ndarray, emin: int, shift: int):
     values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
     codes = np.empty((nb, mt, k, BLOCK_ROWS), np.uint32)
     _pack_values(a.view(np.uint32), values.view(np.uint32), _along_k(a))
-    _pack_codes(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127),
-                np.int32(1), np.int32(0), codes)
+    _codes_a(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127), codes)
     return values, codes
 
 
@@ -523,8 +557,7 @@ def pack_block_cols(b: np.ndarray, emin: int, shift: int):
     codes = np.empty((nb, nt, k, BLOCK_COLS), np.uint8)
     bt = b.transpose(0, 2, 1)
     _pack_values(bt.view(np.uint32), values.view(np.uint32), _along_k(bt))
-    _pack_codes(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127),
-                np.int32(-1), np.int32(255), codes)
+    _codes_b(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127), codes)
     return values, codes
 
 
@@ -548,3 +581,75 @@ def _magnitude_bits(bits):
         top = max(top, m)
         low = min(low, np.uint32(m - np.uint32(1)))
     return top >> np.uint32(1), np.uint32(low + np.uint32(1)) >> np.uint32(1)
+
+
+# ---- one tile GEMM at a time (mpt.kernels.attention) ------------------------------------------
+
+@njit(cache=True)
+def tile_ranges(x, field_min, lo, hi):
+    """lo/hi[k] widened by the non-zero nominal exponent fields of x[:, k] (see
+    :func:`_ranges_k`); x: (R, K) float32, any strides."""
+    for i in range(x.shape[0]):
+        for kk in range(x.shape[1]):
+            lo[kk], hi[kk] = _widen(lo[kk], hi[kk], f32_bits(x[i, kk]), field_min)
+
+
+@njit(cache=True)
+def product_range(lo_a, hi_a, lo_b, hi_b):
+    """(all finite?, lowest, highest nominal exponent ea + eb of a non-zero product, highest
+    non-zero exponent of A, of B) from per-k ranges of biased exponent fields."""
+    lowest, highest, top_a, top_b = _NO_EXP, -_NO_EXP, 0, 0
+    for kk in range(lo_a.size):
+        top_a, top_b = max(top_a, np.int64(hi_a[kk])), max(top_b, np.int64(hi_b[kk]))
+        if hi_a[kk] > 0 and hi_b[kk] > 0:
+            lowest = min(lowest, np.int64(lo_a[kk]) + np.int64(lo_b[kk]) - 254)
+            highest = max(highest, np.int64(hi_a[kk]) + np.int64(hi_b[kk]) - 254)
+    return max(top_a, top_b) < 0xFF, lowest, highest, top_a - 127, top_b - 127
+
+
+@njit(inline="always")
+def _tile_panels(x, vout):
+    """vout[p, k, w] = x[p·W + w, k] (0 past R) for the panels of width W = vout.shape[2] along
+    the rows of x (R, K) float32 (any strides); returns the number of panels."""
+    nr, k = x.shape
+    width = vout.shape[2]
+    for p in range((nr + width - 1) // width):
+        w_n = min(width, nr - p * width)
+        vout[p, :k, w_n:] = 0
+        for kk in range(k):
+            for w in range(w_n):
+                vout[p, kk, w] = x[p * width + w, kk]
+    return (nr + width - 1) // width
+
+
+@njit(cache=True)
+def tile_pack_a(x, field_min, shift, vout, eout):
+    """A's panels (:func:`_tile_panels`) and anchor codes (:func:`_code_a`)."""
+    for p in range(_tile_panels(x, vout)):
+        for kk in range(x.shape[1]):
+            for w in range(vout.shape[2]):
+                eout[p, kk, w] = _code_a(f32_bits(vout[p, kk, w]), field_min, shift)
+
+
+@njit(cache=True)
+def tile_pack_b(x, field_min, shift, vout, eout):
+    """B's panels (:func:`_tile_panels`, along the columns of B: x = Bᵀ) and anchor codes
+    (:func:`_code_b`)."""
+    for p in range(_tile_panels(x, vout)):
+        for kk in range(x.shape[1]):
+            for w in range(vout.shape[2]):
+                eout[p, kk, w] = _code_b(f32_bits(vout[p, kk, w]), field_min, shift)
+
+
+@njit(cache=True)
+def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
+    """The chain over k < nk on packed tile operands (va/ea: (Mt, >= nk, BLOCK_ROWS) from
+    :func:`tile_pack`, vb/eb: (Nt, >= nk, BLOCK_COLS)) onto c (>= (Mt·BLOCK_ROWS,
+    Nt·BLOCK_COLS) float32, C-contiguous), one tile after the other; flag[0] != 0 after: void."""
+    ldc = c.shape[1]
+    for it in range(va.shape[0]):
+        for jt in range(vb.shape[0]):
+            args = (c[it * BLOCK_ROWS:, jt * BLOCK_COLS:].ctypes.data, ldc, va[it].ctypes.data,
+                    ea[it].ctypes.data, vb[jt].ctypes.data, eb[jt].ctypes.data, nk,
+                    prm.ctypes.data, scratch.ctypes.data, flag.ctypes.data)
+            _tile(variant, args)

@@ -75,6 +75,17 @@ def _from_bits(typingctx, x):
     return types.float64(types.int64), codegen
 
 
+@intrinsic
+def f32_bits(typingctx, x):
+    """The IEEE bit pattern of a float32 as uint32 (an LLVM bitcast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen
+
+
 @njit(inline="always")
 def _pow2_floor(x):
     """2^floor(log2|x|) for a finite non-zero normal float64 (0 for ±0)."""

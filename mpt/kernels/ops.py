@@ -15,7 +15,10 @@ outputs, never one sum):
 * **Transcendentals** (exp, log, tanh, erf, …) are evaluated in float64 with Numba's ``math``
   functions (the platform libm, < 1 ulp of float64) and rounded once (RNE) to the work dtype: for
   float32 results this is deterministic unless a float64 error straddles a float32 rounding
-  boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations.
+  boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
+  float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
+  vectorized float64 tanh, and libm's wherever the two could round differently (see
+  :func:`unary`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.fma import fma64
+from mpt.kernels.mma import _from_bits, f32_bits
 from mpt.kernels.threads import one_thread
 
 __all__ = [
@@ -317,6 +321,41 @@ _SQRT_2_OVER_PI = 0.7978845608028654      # sqrt(2/pi)
 _GELU_C = 0.044715                        # tanh-approximation coefficient (Hendrycks & Gimpel)
 
 
+_TANH_OPS = (2, 3, 5, 6)   # tanh, sigmoid, gelu_tanh, silu: one tanh each
+
+
+@njit(inline="always")
+def _tanh_arg(op, v):
+    """The argument w of the one tanh in f (and f') of a tanh op."""
+    if op == 2:
+        return v
+    if op == 5:
+        return _SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)
+    return 0.5 * v
+
+
+@njit(inline="always")
+def _f64_of(op, v, t):
+    """f(v) of a tanh op given t = tanh(_tanh_arg(op, v)): the float64 operations of _f64."""
+    if op == 2:
+        return t
+    if op == 3:
+        return 0.5 * t + 0.5
+    if op == 5:
+        return 0.5 * v * (1.0 + t)
+    return v * (0.5 * t + 0.5)
+
+
+@njit(inline="always")
+def _df64_of(op, v, t):
+    """f'(v) of gelu_tanh (5) or silu (6) given t: the float64 operations of _df64."""
+    if op == 5:
+        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)
+        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du
+    s = 0.5 * t + 0.5
+    return s * (1.0 + v * (1.0 - s))
+
+
 @njit(inline="always")
 def _f64(op, v):
     """f(v) in float64 for the ``UNARY_OPS`` code ``op``."""
@@ -324,15 +363,9 @@ def _f64(op, v):
         return math.exp(v)
     if op == 1:
         return math.log(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
-    if op == 2:
-        return math.tanh(v)
-    if op == 3:
-        return 0.5 * math.tanh(0.5 * v) + 0.5  # sigmoid without overflow in exp
     if op == 4:
         return 0.5 * v * (1.0 + math.erf(v * _SQRT_HALF))
-    if op == 5:
-        return 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)))
-    return v * (0.5 * math.tanh(0.5 * v) + 0.5)
+    return _f64_of(op, v, math.tanh(_tanh_arg(op, v)))
 
 
 @njit(inline="always")
@@ -340,34 +373,152 @@ def _df64(op, v):
     """f'(v) in float64 for gelu (4), gelu_tanh (5), silu (6)."""
     if op == 4:
         return 0.5 * (1.0 + math.erf(v * _SQRT_HALF)) + v * _INV_SQRT_2PI * math.exp(-0.5 * v * v)
+    return _df64_of(op, v, math.tanh(_tanh_arg(op, v)))
+
+
+# ---- tanh ops of float32, vectorized -------------------------------------------------------------
+# The float32 kernels of the tanh ops give exactly the bits above (libm's tanh in float64, the
+# float64 formula, one rounding) at SIMD speed: the formula runs with _tanh below, which is
+# vectorizable, and every value whose float64 result lies so close to a float32 rounding
+# boundary that the two tanh could round differently is recomputed with libm. _tanh is within
+# 4 ulp of libm's tanh on every tested input (tests/test_functional.py; both are within ~2.5 ulp
+# of the exact tanh), so |t − tanh_libm| <= 2^-50 (|t| <= 1) and relatively 2^-49; the bounds
+# _reach / _dreach take 2^-48 / 2^-46 to cover that and the few float64 roundings after it, with
+# room to spare. A result r is kept when r ± its bound round to the same float32.
+
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")   # ln 2, high part (k·ln2_hi exact for k < 2^11)
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")  # ln 2 − ln2_hi
+_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
+# 1/n! for n = 2 .. 14 (Taylor series of exp(r) − 1 − r; |r| <= ln2/2: remainder < 2^-61 |r|)
+_E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11, _E12, _E13, _E14 = (
+    1.0 / math.factorial(n) for n in range(2, 15))
+
+
+@njit(inline="always", error_model="numpy")
+def _expm1_pos(x):
+    """exp(x) − 1 for 0 <= x <= 40, vectorizable: x = k·ln2 + r, |r| <= ln2/2, and
+    2^k·(1 + p(r)) − 1 = (2^k − 1) + 2^k·p(r) with p the Taylor polynomial of degree 14."""
+    k = np.floor(x * _INV_LN2 + 0.5)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    p = ((((((((((((_E14 * r + _E13) * r + _E12) * r + _E11) * r + _E10) * r + _E9) * r + _E8)
+              * r + _E7) * r + _E6) * r + _E5) * r + _E4) * r + _E3) * r + _E2)
+    p = r + r * r * p
+    scale = _from_bits((np.int64(k) + 1023) << 52)
+    return (scale - 1.0) + scale * p
+
+
+@njit(inline="always", error_model="numpy")
+def _tanh(u):
+    """tanh(u) in float64, vectorizable: e/(e + 2) with e = expm1(2|u|) (no cancellation); u for
+    |u| < 2^-26, ±1 past |u| = 20 (where tanh rounds to ±1); NaN gives a finite value (callers
+    recompute NaN results with libm)."""
+    a = abs(u)
+    e = _expm1_pos(2.0 * (a if a < 20.0 else 20.0))
+    t = e / (e + 2.0)
+    t = a if a < 2.0**-26 else t
+    return math.copysign(t, u)
+
+
+@njit(inline="always")
+def _reach(op, v, y):
+    """How far f(v) of a tanh op may move with a tanh off by 2^-50 (see above)."""
+    if op == 2:
+        return abs(y) * 2.0**-46
+    if op == 3:
+        return 2.0**-46
+    return (abs(v) + abs(y)) * 2.0**-46
+
+
+@njit(inline="always")
+def _dreach(op, v, d):
+    """How far f'(v) of gelu_tanh (5) or silu (6) may move with a tanh off by 2^-50."""
     if op == 5:
-        u = _SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)
-        t = math.tanh(u)
         du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)
-        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du
-    s = 0.5 * math.tanh(0.5 * v) + 0.5
-    return s * (1.0 + v * (1.0 - s))
+        return (1.0 + abs(v * du)) * 2.0**-46 + abs(d) * 2.0**-50
+    return (1.0 + 2.0 * abs(v)) * 2.0**-46 + abs(d) * 2.0**-50
+
+
+@njit(inline="always")
+def _unsure(v, y, reach):
+    """Whether y ± reach may round to different float32 patterns (a zero's sign included), or
+    the input v is a NaN (whose payload libm's path decides)."""
+    return (f32_bits(np.float32(y - reach)) != f32_bits(np.float32(y + reach))) | (v != v)
+
+
+_CHUNK_T = 4096
+
+
+@njit(inline="always", error_model="numpy")
+def _fast_forward(x, out, unsure, lo, hi, op):
+    """out[lo:hi] = f(x) of a tanh op with _tanh (op a constant where inlined: no branch in the
+    loop, which vectorizes), and whether each needs libm."""
+    for i in range(lo, hi):
+        v = np.float64(x[i])
+        y = _f64_of(op, v, _tanh(_tanh_arg(op, v)))
+        out[i] = np.float32(y)
+        unsure[i] = _unsure(v, y, _reach(op, v, y))
+
+
+@njit(inline="always", error_model="numpy")
+def _fast_backward(x, g, out, unsure, lo, hi, op):
+    """out[lo:hi] = g·f'(x) of gelu_tanh or silu with _tanh (as :func:`_fast_forward`)."""
+    for i in range(lo, hi):
+        v, gi = np.float64(x[i]), np.float64(g[i])
+        d = _df64_of(op, v, _tanh(_tanh_arg(op, v)))
+        y = gi * d
+        out[i] = np.float32(y)
+        unsure[i] = _unsure(v, y, abs(gi) * _dreach(op, v, d) + abs(y) * 2.0**-50)
 
 
 @sized
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def unary(x, op):
     """``out = f(x)`` for the ``UNARY_OPS`` code ``op``: f evaluated in float64 from the exact
-    input, rounded once (RNE) to x's dtype. x: 1-D float32/float64."""
+    input, rounded once (RNE) to x's dtype. x: 1-D float32/float64. Float32 tanh ops run
+    vectorized with the same bits (see above)."""
     out = np.empty_like(x)
-    for i in prange(x.size):
-        out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
+    if x.itemsize != 4 or op not in _TANH_OPS:
+        for i in prange(x.size):
+            out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
+        return out
+    unsure = np.empty(x.size, np.bool_)
+    for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
+        lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        if op == 2:
+            _fast_forward(x, out, unsure, lo, hi, 2)
+        elif op == 3:
+            _fast_forward(x, out, unsure, lo, hi, 3)
+        elif op == 5:
+            _fast_forward(x, out, unsure, lo, hi, 5)
+        else:
+            _fast_forward(x, out, unsure, lo, hi, 6)
+        for i in range(lo, hi):
+            if unsure[i]:
+                out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
     return out
 
 
 @sized
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def unary_backward(x, g, op):
     """``gx = g·f'(x)``: f' evaluated in float64, the product in float64, rounded once to the
-    work dtype. x, g: 1-D of one dtype; op: gelu (4), gelu_tanh (5), silu (6)."""
+    work dtype. x, g: 1-D of one dtype; op: gelu (4), gelu_tanh (5), silu (6). Float32
+    gelu_tanh and silu run vectorized with the same bits (see above)."""
     out = np.empty_like(x)
-    for i in prange(x.size):
-        out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
+    if x.itemsize != 4 or op not in _TANH_OPS:
+        for i in prange(x.size):
+            out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
+        return out
+    unsure = np.empty(x.size, np.bool_)
+    for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
+        lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        if op == 5:
+            _fast_backward(x, g, out, unsure, lo, hi, 5)
+        else:
+            _fast_backward(x, g, out, unsure, lo, hi, 6)
+        for i in range(lo, hi):
+            if unsure[i]:
+                out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
     return out
 
 
