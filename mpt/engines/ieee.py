@@ -25,7 +25,8 @@ ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e
 
 @register_kind("ieee_fma")
 class FmaOperands(PackedOperands):
-    """FP32 accumulator; the register-blocked FMA kernel on packed panels."""
+    """FP32 accumulator; the register-blocked FMA kernel on packed panels (packed straight from
+    the operands' own layout: no contiguous copy first)."""
 
     acc_dtype = np.float32
 

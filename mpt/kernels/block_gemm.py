@@ -48,11 +48,11 @@ import llvmlite.ir as ir
 import numba
 import numpy as np
 from numba import njit, prange, types
-from numba.core.extending import intrinsic
 
 from mpt.kernels.mma import f32_bits
 from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32, _const,
-                              _k_loop, _panel_splats, _panel_vectors, _pointer)
+                              _k_loop, _panel_splats, _panel_vectors, _pointer, _tile_intrinsic,
+                              along_k, pack_panels)
 
 __all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "block_fits",
            "tile_params", "block_params", "operand_ranges", "pack_block_rows", "pack_block_cols",
@@ -139,7 +139,7 @@ def _emit_sum(builder, va_addr, vb_addr, n, s_addr):
              for i in range(2 * BLOCK_ROWS)]
 
     def step(k, total):
-        b = _panel_vectors(builder, vb_addr, builder.mul(k, _const(2)))   # rows of 2·COLS
+        b = _panel_vectors(builder, vb_addr, k, BLOCK_COLS)
         a = _panel_splats(builder, va_addr, k, BLOCK_ROWS)
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
@@ -277,26 +277,13 @@ def _emit_tile(variant):
     return emit
 
 
-def _tile_intrinsic(variant):
-    """The tile kernel of one variant as an intrinsic of 10 intp arguments (addresses, counts)."""
-    emit = _emit_tile(variant)
-
-    @intrinsic
-    def tile(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
-        def codegen(context, builder, signature, args):
-            emit(builder, *args)
-            return context.get_dummy_value()
-        return types.void(*([types.intp] * 10)), codegen
-    return tile
-
-
-_tile_rz = _tile_intrinsic(0)
-_tile_rz_tiny = _tile_intrinsic(_CHECK_TINY)
-_tile_rz_sum = _tile_intrinsic(_CHECK_SUM)
-_tile_rz_tiny_sum = _tile_intrinsic(_CHECK_TINY | _CHECK_SUM)
-_tile_short = _tile_intrinsic(_SHORT)
-_tile_short_tiny = _tile_intrinsic(_SHORT | _CHECK_TINY)
-_tile_rne16 = _tile_intrinsic(RNE16 | _CHECK_SUM)
+_tile_rz = _tile_intrinsic(_emit_tile(0), 10)
+_tile_rz_tiny = _tile_intrinsic(_emit_tile(_CHECK_TINY), 10)
+_tile_rz_sum = _tile_intrinsic(_emit_tile(_CHECK_SUM), 10)
+_tile_rz_tiny_sum = _tile_intrinsic(_emit_tile(_CHECK_TINY | _CHECK_SUM), 10)
+_tile_short = _tile_intrinsic(_emit_tile(_SHORT), 10)
+_tile_short_tiny = _tile_intrinsic(_emit_tile(_SHORT | _CHECK_TINY), 10)
+_tile_rne16 = _tile_intrinsic(_emit_tile(RNE16 | _CHECK_SUM), 10)
 #: The variants block_params chooses from (the others are never needed: an RZ output of fewer
 #: than 24 bits comes with F = 13, whose sums never overflow).
 VARIANTS = (0, _CHECK_TINY, _CHECK_SUM, _CHECK_TINY | _CHECK_SUM, _SHORT, _SHORT | _CHECK_TINY,
@@ -456,25 +443,6 @@ def _ranges_r(bits, field_min, lo, hi):
         lo[z, kk], hi[z, kk] = low, high
 
 
-@njit(cache=True, parallel=True)
-def _pack_values(bits, vout, along_k):
-    """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
-    along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
-    faster axis)."""
-    nb, nr, k = bits.shape
-    npanel, width = vout.shape[1], vout.shape[3]
-    for t in prange(nb * npanel):
-        z, p = t // npanel, t % npanel
-        w_n = min(width, nr - p * width)
-        vout[z, p, :, w_n:] = 0
-        if along_k:
-            for w in range(w_n):
-                vout[z, p, :, w] = bits[z, p * width + w, :]
-        else:
-            for kk in range(k):
-                vout[z, p, kk, :w_n] = bits[z, p * width:p * width + w_n, kk]
-
-
 @njit(inline="always")
 def _code_a(x, field_min, shift):
     """A's anchor code of the float32 pattern x: max(field + shift, 0), 0 for a zero; the byte
@@ -508,11 +476,6 @@ def _codes_b(values, field_min, shift, eout):
         codes[i] = _code_b(flat[i], field_min, shift)
 
 
-def _along_k(x):
-    """Whether x (B, R, K) is laid out with K the faster axis (else R)."""
-    return abs(x.strides[2]) <= abs(x.strides[1])
-
-
 def operand_ranges(a, b, emin_a, emin_b):
     """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
     non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 (any strides). The
@@ -522,8 +485,8 @@ def operand_ranges(a, b, emin_a, emin_b):
     for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
         lo = np.full((x.shape[0], x.shape[2]), _NONE_LO, np.uint32)
         hi = np.zeros((x.shape[0], x.shape[2]), np.uint32)
-        (_ranges_k if _along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
-                                                   lo, hi)
+        (_ranges_k if along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
+                                                  lo, hi)
         out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
     (la, ha), (lb, hb) = out
     if max(ha.max(initial=0), hb.max(initial=0)) == 0xFF:
@@ -542,7 +505,7 @@ def pack_block_rows(a: np.ndarray, emin: int, shift: int):
     mt = -(-m // BLOCK_ROWS)
     values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
     codes = np.empty((nb, mt, k, BLOCK_ROWS), np.uint32)
-    _pack_values(a.view(np.uint32), values.view(np.uint32), _along_k(a))
+    pack_panels(a, values)
     _codes_a(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127), codes)
     return values, codes
 
@@ -555,8 +518,7 @@ def pack_block_cols(b: np.ndarray, emin: int, shift: int):
     nt = -(-n // BLOCK_COLS)
     values = np.empty((nb, nt, k, BLOCK_COLS), np.float32)
     codes = np.empty((nb, nt, k, BLOCK_COLS), np.uint8)
-    bt = b.transpose(0, 2, 1)
-    _pack_values(bt.view(np.uint32), values.view(np.uint32), _along_k(bt))
+    pack_panels(b.transpose(0, 2, 1), values)
     _codes_b(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127), codes)
     return values, codes
 

@@ -24,7 +24,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-__all__ = ["ROWS", "COLS", "pack_rows", "pack_cols", "fma_chain", "fma_tile"]
+__all__ = ["ROWS", "COLS", "along_k", "pack_panels", "pack_rows", "pack_cols", "fma_chain",
+           "fma_tile"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
@@ -56,21 +57,30 @@ def _tile_pointers(builder, addr, ld, rows, vtype):
     return [builder.bitcast(builder.gep(base, [o]), vtype.as_pointer()) for o in offsets]
 
 
-def _panel_vectors(builder, addr, k):
-    """The _VECS vectors of row k of a packed (K, COLS) float32 panel."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _const(COLS))])
+def _as_value(x):
+    return _const(x) if isinstance(x, int) else x
+
+
+def _panel_vectors(builder, addr, k, ld=COLS):
+    """The _VECS vectors at the start of row k of a (K, >= COLS) float32 panel with row stride
+    ld floats (an int or an i64 value)."""
+    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _as_value(ld))])
     ptrs = [builder.bitcast(builder.gep(row, [_const(_LANES * v)]), _VF32.as_pointer())
             for v in range(_VECS)]
     return [builder.load(p, align=4) for p in ptrs]
 
 
-def _panel_splats(builder, addr, k, rows):
-    """Row k of a packed (K, rows) float32 panel, each value broadcast to a vector."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _const(rows))])
+def _panel_splats(builder, addr, k, rows, row_stride=1, k_stride=None):
+    """A[r, k] for r < rows, each broadcast to a vector, from float32 elements at
+    addr + 4·(r·row_stride + k·k_stride) (strides: ints or i64 values; a packed (K, rows) panel
+    by default)."""
+    base = builder.gep(_pointer(builder, addr),
+                       [builder.mul(k, _as_value(rows if k_stride is None else k_stride))])
     zeros = ir.Constant(ir.VectorType(_I32, _LANES), [0] * _LANES)
     out = []
     for r in range(rows):
-        x = builder.load(builder.gep(row, [_const(r)]), align=4)
+        x = builder.load(builder.gep(base, [builder.mul(_const(r), _as_value(row_stride))]),
+                         align=4)
         v = builder.insert_element(ir.Constant(_VF32, ir.Undefined), x, ir.Constant(_I32, 0))
         out.append(builder.shuffle_vector(v, ir.Constant(_VF32, ir.Undefined), zeros))
     return out
@@ -107,15 +117,24 @@ def _vector_intrinsic(builder, name, vtype, arity):
     return cgutils.get_or_insert_function(builder.module, fnty, name)
 
 
-def _tile_intrinsic(emit):
-    """An intrinsic (5 intp arguments: addresses and counts) whose body ``emit`` writes."""
-    @intrinsic
-    def tile(typingctx, x0, x1, x2, x3, x4):
-        def codegen(context, builder, signature, args):
-            emit(builder, *args)
-            return context.get_dummy_value()
-        return types.void(*([types.intp] * 5)), codegen
-    return tile
+def _codegen(emit):
+    def codegen(context, builder, signature, args):
+        emit(builder, *args)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _tile_intrinsic(emit, nargs):
+    """An intrinsic of ``nargs`` (5 or 10) intp arguments (addresses, counts) whose body
+    ``emit`` writes."""
+    sig = types.void(*([types.intp] * nargs))
+    if nargs == 5:
+        def typer(typingctx, x0, x1, x2, x3, x4):
+            return sig, _codegen(emit)
+    else:
+        def typer(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
+            return sig, _codegen(emit)
+    return intrinsic(typer)
 
 
 def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
@@ -132,54 +151,55 @@ def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
         builder.store(value, p, align=4)
 
 
-_fma_tile = _tile_intrinsic(_emit_fma)
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
 #: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
 #: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
-fma_tile = _fma_tile
+fma_tile = _tile_intrinsic(_emit_fma, 5)
 
 
 @njit(cache=True, parallel=True)
-def _pack_rows(a, out):
-    """out[z, it, k, r] = a[z, it·rows + r, k], 0 past the last row."""
-    nb, m, k = a.shape
-    mt, rows = out.shape[1], out.shape[3]
-    for t in prange(nb * mt):
-        z, it = t // mt, t % mt
-        for r in range(rows):
-            i = it * rows + r
+def _pack_values(bits, vout, along_k):
+    """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
+    along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
+    faster axis)."""
+    nb, nr, k = bits.shape
+    npanel, width = vout.shape[1], vout.shape[3]
+    for t in prange(nb * npanel):
+        z, p = t // npanel, t % npanel
+        w_n = min(width, nr - p * width)
+        vout[z, p, :, w_n:] = 0
+        if along_k:
+            for w in range(w_n):
+                vout[z, p, :, w] = bits[z, p * width + w, :]
+        else:
             for kk in range(k):
-                out[z, it, kk, r] = a[z, i, kk] if i < m else 0
+                vout[z, p, kk, :w_n] = bits[z, p * width:p * width + w_n, kk]
 
 
-@njit(cache=True, parallel=True)
-def _pack_cols(b, out):
-    """out[z, jt, k, w] = b[z, k, jt·COLS + w], 0 past the last column."""
-    nb, k, n = b.shape
-    nt = out.shape[1]
-    for t in prange(nb * nt):
-        z, jt = t // nt, t % nt
-        j0 = jt * COLS
-        w_n = min(COLS, n - j0)
-        for kk in range(k):
-            out[z, jt, kk, :w_n] = b[z, kk, j0:j0 + w_n]
-            out[z, jt, kk, w_n:] = 0
+def along_k(x: np.ndarray) -> bool:
+    """Whether x (B, R, K) is laid out with K the faster axis (else R)."""
+    return abs(x.strides[2]) <= abs(x.strides[1])
+
+
+def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[z, p, k, w] = x[z, p·W + w, k], zero past R: panels of width W = out.shape[3] along
+    the axis R of x (B, R, K) (32-bit values, any strides: read in memory order, no copy)."""
+    _pack_values(x.view(np.uint32), out.view(np.uint32), along_k(x))
+    return out
 
 
 def pack_rows(a: np.ndarray, rows: int) -> np.ndarray:
-    """(B, M, K) (any strides) -> (B, ceil(M/rows), K, rows): row panels, k-major, zero-padded."""
+    """(B, M, K) float32 (any strides) -> (B, ceil(M/rows), K, rows): row panels, k-major,
+    zero-padded."""
     nb, m, k = a.shape
-    out = np.empty((nb, -(-m // rows), k, rows), a.dtype)
-    _pack_rows(a, out)
-    return out
+    return pack_panels(a, np.empty((nb, -(-m // rows), k, rows), a.dtype))
 
 
 def pack_cols(b: np.ndarray) -> np.ndarray:
-    """(B, K, N) (any strides) -> (B, ceil(N/COLS), K, COLS): column panels, k-major, padded."""
+    """(B, K, N) float32 (any strides) -> (B, ceil(N/COLS), K, COLS): column panels, k-major,
+    zero-padded."""
     nb, k, n = b.shape
-    out = np.empty((nb, -(-n // COLS), k, COLS), b.dtype)
-    _pack_cols(b, out)
-    return out
+    return pack_panels(b.transpose(0, 2, 1), np.empty((nb, -(-n // COLS), k, COLS), b.dtype))
 
 
 @njit(cache=True, parallel=True)
@@ -189,6 +209,7 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
     ap: (Ba, Mt, K, ROWS) float32 from ``pack_rows(a, ROWS)``; bp: (Bb, Nt, K, COLS) float32
     from :func:`pack_cols`; acc: (B, Mt·ROWS, Nt·COLS) float32, C-contiguous, in: c, out: D
     (padding rows and columns are ignored). Tasks are (batch, column panel, 64 rows).
+    (Packed panels, not the operands in place: rows of a power-of-two stride share cache sets.)
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = ap.shape[1], bp.shape[1]
@@ -201,8 +222,5 @@ def fma_chain(ap, bp, acc, ia, ib, k0, k1):
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
             for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
-                _fma_tile(acc[z, it * ROWS:, jt * COLS:].ctypes.data, ldc,
-                          a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
-
-
-
+                fma_tile(acc[z, it * ROWS:, jt * COLS:].ctypes.data, ldc,
+                         a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
