@@ -449,25 +449,47 @@ _CHUNK_T = 4096
 
 
 @njit(inline="always", error_model="numpy")
-def _fast_forward(x, out, unsure, lo, hi, op):
+def _fast_forward(x, out, lo, hi, op):
     """out[lo:hi] = f(x) of a tanh op with _tanh (op a constant where inlined: no branch in the
-    loop, which vectorizes), and whether each needs libm."""
+    loop, which vectorizes); returns how many need libm."""
+    unsure = 0
     for i in range(lo, hi):
         v = np.float64(x[i])
         y = _f64_of(op, v, _tanh(_tanh_arg(op, v)))
         out[i] = np.float32(y)
-        unsure[i] = _unsure(v, y, _reach(op, v, y))
+        unsure += _unsure(v, y, _reach(op, v, y))
+    return unsure
 
 
 @njit(inline="always", error_model="numpy")
-def _fast_backward(x, g, out, unsure, lo, hi, op):
-    """out[lo:hi] = g·f'(x) of gelu_tanh or silu with _tanh (as :func:`_fast_forward`)."""
+def _fix_forward(x, out, lo, hi, op):
+    """Recompute with libm the values of out[lo:hi] that :func:`_fast_forward` is unsure of (a
+    separate pass, taken rarely: under ``if unsure`` in the fast loop, LLVM would call the side-
+    effect-free libm for every element)."""
+    for i in range(lo, hi):
+        v = np.float64(x[i])
+        y = _f64_of(op, v, _tanh(_tanh_arg(op, v)))
+        if _unsure(v, y, _reach(op, v, y)):
+            out[i] = np.float32(_f64(op, v))
+
+
+@njit(inline="always", error_model="numpy")
+def _fast_backward(x, g, out, lo, hi, op, fix):
+    """out[lo:hi] = g·f'(x) of gelu_tanh or silu with _tanh (as :func:`_fast_forward`); with
+    ``fix``, recompute with libm the values it is unsure of (as :func:`_fix_forward`)."""
+    unsure = 0
     for i in range(lo, hi):
         v, gi = np.float64(x[i]), np.float64(g[i])
         d = _df64_of(op, v, _tanh(_tanh_arg(op, v)))
         y = gi * d
-        out[i] = np.float32(y)
-        unsure[i] = _unsure(v, y, abs(gi) * _dreach(op, v, d) + abs(y) * 2.0**-50)
+        doubt = _unsure(v, y, abs(gi) * _dreach(op, v, d) + abs(y) * 2.0**-50)
+        if fix:
+            if doubt:
+                out[i] = np.float32(gi * _df64(op, v))
+        else:
+            out[i] = np.float32(y)
+            unsure += doubt
+    return unsure
 
 
 @sized
@@ -481,20 +503,19 @@ def unary(x, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
         return out
-    unsure = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
         if op == 2:
-            _fast_forward(x, out, unsure, lo, hi, 2)
+            if _fast_forward(x, out, lo, hi, 2):
+                _fix_forward(x, out, lo, hi, 2)
         elif op == 3:
-            _fast_forward(x, out, unsure, lo, hi, 3)
+            if _fast_forward(x, out, lo, hi, 3):
+                _fix_forward(x, out, lo, hi, 3)
         elif op == 5:
-            _fast_forward(x, out, unsure, lo, hi, 5)
-        else:
-            _fast_forward(x, out, unsure, lo, hi, 6)
-        for i in range(lo, hi):
-            if unsure[i]:
-                out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
+            if _fast_forward(x, out, lo, hi, 5):
+                _fix_forward(x, out, lo, hi, 5)
+        elif _fast_forward(x, out, lo, hi, 6):
+            _fix_forward(x, out, lo, hi, 6)
     return out
 
 
@@ -509,16 +530,13 @@ def unary_backward(x, g, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
         return out
-    unsure = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
         if op == 5:
-            _fast_backward(x, g, out, unsure, lo, hi, 5)
-        else:
-            _fast_backward(x, g, out, unsure, lo, hi, 6)
-        for i in range(lo, hi):
-            if unsure[i]:
-                out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
+            if _fast_backward(x, g, out, lo, hi, 5, False):
+                _fast_backward(x, g, out, lo, hi, 5, True)
+        elif _fast_backward(x, g, out, lo, hi, 6, False):
+            _fast_backward(x, g, out, lo, hi, 6, True)
     return out
 
 
