@@ -25,17 +25,21 @@ ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e
 
 @register_kind("ieee_fma")
 class FmaOperands(PackedOperands):
-    """FP32 accumulator; the register-blocked FMA kernel on packed panels (packed straight from
-    the operands' own layout: no contiguous copy first)."""
+    """FP32 accumulator; the register-blocked FMA kernel. A is read in place, whole row tiles,
+    where its layout allows it (``direct_rows``); its last partial row tile, and B, are packed
+    into zero-padded panels straight from their own layout (no contiguous copy first)."""
 
     acc_dtype = np.float32
 
     def prepare(self):
         self.rows = _gemm.ROWS
-        self.pack()
+        self.orient()
+        direct = _gemm.direct_rows(self.a, self.rows)
+        self.a = (self.a, _gemm.pack_rows(self.a[:, direct * self.rows:], self.rows), direct)
+        self.b = _gemm.pack_cols(self.b)
 
     def chain(self, acc, k0, k1):
-        _gemm.fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
+        _gemm.fma_chain(*self.a, self.b, acc, self.ia, self.ib, k0, k1)
 
 
 @register_kind("ieee_mul_add")

@@ -24,8 +24,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
-__all__ = ["ROWS", "COLS", "along_k", "pack_panels", "pack_rows", "pack_cols", "fma_chain",
-           "fma_tile"]
+__all__ = ["ROWS", "COLS", "along_k", "pack_panels", "pack_rows", "pack_cols", "direct_rows",
+           "fma_chain", "fma_tile"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
@@ -125,11 +125,14 @@ def _codegen(emit):
 
 
 def _tile_intrinsic(emit, nargs):
-    """An intrinsic of ``nargs`` (5 or 10) intp arguments (addresses, counts) whose body
-    ``emit`` writes."""
+    """An intrinsic of ``nargs`` (5, 7 or 10) intp arguments (addresses, strides, counts)
+    whose body ``emit`` writes."""
     sig = types.void(*([types.intp] * nargs))
     if nargs == 5:
         def typer(typingctx, x0, x1, x2, x3, x4):
+            return sig, _codegen(emit)
+    elif nargs == 7:
+        def typer(typingctx, x0, x1, x2, x3, x4, x5, x6):
             return sig, _codegen(emit)
     else:
         def typer(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
@@ -137,20 +140,27 @@ def _tile_intrinsic(emit, nargs):
     return intrinsic(typer)
 
 
-def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
-    """C[ROWS, COLS] (row stride ldc) = fma(A[k, r], B[k, j], C[r, j]) for k = 0..nk-1."""
+def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
+    """C[ROWS, COLS] (row stride ldc floats) = fma(A[r, k], B[k, j], C[r, j]) for k < nk, with
+    A[r, k] at a_addr + 4·(r·sar + k·sak) and a packed (nk, COLS) B panel."""
     vfma = _vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
     ptrs = _tile_pointers(builder, c_addr, ldc, ROWS, _VF32)
 
     def step(k, acc):
         b = _panel_vectors(builder, b_addr, k)
-        a = _panel_splats(builder, a_addr, k, ROWS)
+        a = _panel_splats(builder, a_addr, k, ROWS, sar, sak)
         return [builder.call(vfma, [a[i // _VECS], b[i % _VECS], acc[i]]) for i in range(len(acc))]
     acc = _k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
     for p, value in zip(ptrs, acc):
         builder.store(value, p, align=4)
 
 
+def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
+    """:func:`_emit_fma_strided` on a packed (nk, ROWS) A panel."""
+    _emit_fma_strided(builder, c_addr, ldc, a_addr, 1, ROWS, b_addr, nk)
+
+
+_fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
 #: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
 #: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
@@ -161,19 +171,24 @@ fma_tile = _tile_intrinsic(_emit_fma, 5)
 def _pack_values(bits, vout, along_k):
     """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
     along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
-    faster axis)."""
+    faster axis). Direct indexing, no row views: the copy loops vectorize."""
     nb, nr, k = bits.shape
     npanel, width = vout.shape[1], vout.shape[3]
     for t in prange(nb * npanel):
         z, p = t // npanel, t % npanel
         w_n = min(width, nr - p * width)
-        vout[z, p, :, w_n:] = 0
+        r0 = p * width
         if along_k:
             for w in range(w_n):
-                vout[z, p, :, w] = bits[z, p * width + w, :]
+                for kk in range(k):
+                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
         else:
             for kk in range(k):
-                vout[z, p, kk, :w_n] = bits[z, p * width:p * width + w_n, kk]
+                for w in range(w_n):
+                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
+        for kk in range(k):
+            for w in range(w_n, width):
+                vout[z, p, kk, w] = 0
 
 
 def along_k(x: np.ndarray) -> bool:
@@ -203,24 +218,41 @@ def pack_cols(b: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True)
-def fma_chain(ap, bp, acc, ia, ib, k0, k1):
+def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
     """acc[z] = FMA chain of A[ia[z]]·B[ib[z]] over k in [k0, k1), increasing k, onto acc[z].
 
-    ap: (Ba, Mt, K, ROWS) float32 from ``pack_rows(a, ROWS)``; bp: (Bb, Nt, K, COLS) float32
-    from :func:`pack_cols`; acc: (B, Mt·ROWS, Nt·COLS) float32, C-contiguous, in: c, out: D
-    (padding rows and columns are ignored). Tasks are (batch, column panel, 64 rows).
-    (Packed panels, not the operands in place: rows of a power-of-two stride share cache sets.)
+    Row tile it of A (ROWS rows) is read in place from a (Ba, M, K) float32 (positive strides)
+    when it < a_direct, else from the packed panel ap[:, it − a_direct] ((Ba, ·, K, ROWS) from
+    ``pack_rows``); bp: (Bb, Nt, K, COLS) float32 from :func:`pack_cols`; acc: (B, Mt·ROWS,
+    Nt·COLS) float32, C-contiguous, in: c, out: D (padding rows and columns are ignored).
+    Tasks are (batch, column panel, 64 rows).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
-    mt, nt = ap.shape[1], bp.shape[1]
+    mt, nt = acc.shape[1] // ROWS, bp.shape[1]
+    sar, sak = a.strides[1] // 4, a.strides[2] // 4
     groups = (mt + _ROW_TILES - 1) // _ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        a_z, b_panel = ap[ia[z]], bp[ib[z], jt]
+        b_panel = bp[ib[z], jt]
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
             for it in range(g * _ROW_TILES, min(mt, (g + 1) * _ROW_TILES)):
-                fma_tile(acc[z, it * ROWS:, jt * COLS:].ctypes.data, ldc,
-                         a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
+                c_addr = acc[z, it * ROWS:, jt * COLS:].ctypes.data
+                if it < a_direct:
+                    _fma_strided(c_addr, ldc, a[ia[z], it * ROWS:, kc:].ctypes.data, sar, sak,
+                                 b_panel[kc:].ctypes.data, nk)
+                else:
+                    fma_tile(c_addr, ldc, ap[ia[z], it - a_direct, kc:].ctypes.data,
+                             b_panel[kc:].ctypes.data, nk)
+
+
+def direct_rows(a: np.ndarray, rows: int) -> int:
+    """How many whole row tiles of A (B, M, K) float32 the kernels read in place: all of them,
+    unless a stride is negative or a row stride is a multiple of 4 KiB (then the ``rows``
+    streams of a tile would share cache sets: pack instead)."""
+    row_stride = max(a.strides[1:])
+    if min(a.strides[1:]) <= 0 or row_stride % 4096 == 0:
+        return 0
+    return a.shape[1] // rows
