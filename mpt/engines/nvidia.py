@@ -19,7 +19,7 @@ import numpy as np
 
 from mpt.engines.model import MMAConfig, MMAModel, register_model
 from mpt.engines.operands import PackedOperands, emin_pow2, output_params, register_kind, \
-    transposed
+    tiles, transposed
 from mpt.formats import get_format
 from mpt.kernels import block_gemm as _block
 from mpt.kernels import mma as _mma
@@ -31,11 +31,22 @@ F8F6F4 = FP8 + ("fp6_e3m2fn", "fp6_e2m3fn", "fp4_e2m1fn")
 
 @register_kind("block")
 class BlockOperands(PackedOperands):
-    """The block model. The register-blocked kernel (``mpt.kernels.block_gemm``) when its block
-    sums fit in int32, the operands are finite, every non-zero product's nominal exponent
-    ea + eb lies in its window (``block_params``); else, or when a chain's c is not finite or could grow past the window,
-    or the kernel raises its flag, the general kernel (``mpt.kernels.mma.block_chain``) on
-    operands decoded into (value, nominal power of two)."""
+    """The block model, on one of three kernels (``mode``):
+
+    * ``"tiles"``: the register-blocked kernel (``mpt.kernels.block_gemm.block_chain_packed``),
+      8 x 64 output tiles;
+    * ``"lanes"``: the same arithmetic with one independent dot product per lane
+      (``block_chain_lanes``), for many small products, which tiles would pad (a batch of
+      1 x 16 · 16 x 1 products fills 1 of a tile's 512 outputs);
+    * ``"general"``: ``mpt.kernels.mma.block_chain``, on operands decoded into (value, nominal
+      power of two), for everything else.
+
+    The fast kernels run when a block's sums fit in int32, the operands are finite and every
+    non-zero product's nominal exponent lies in their window (``tile_params``); a chain whose c
+    is not finite or could grow past the window, or a raised flag, falls back to the general
+    kernel (same bits, slower)."""
+
+    mode = "general"
 
     def prepare(self):
         cfg = self.cfg
@@ -48,39 +59,85 @@ class BlockOperands(PackedOperands):
         if _block.block_fits(cfg.block, cfg.fraction_bits):
             self._pack(e_zero, precision, emin, nearest)
 
+    def _lanes_pay(self) -> bool:
+        """Whether one dot product per lane pads less than half as much as tiles do."""
+        rows, cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
+        per_tiles = min(tiles(self.m, rows) * tiles(self.n, cols),
+                        tiles(self.n, rows) * tiles(self.m, cols)) * rows * cols
+        outputs = self.batch_size * self.m * self.n
+        return 2 * tiles(outputs, cols) * cols < self.batch_size * per_tiles
+
     def _pack(self, e_zero, precision, emin, rne16):
-        """Pack for the register-blocked kernel if the operands meet its conditions."""
-        self.rows, self.cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
-        self.orient()
+        """Pack for a fast kernel if the operands meet its conditions."""
+        lanes = self._lanes_pay()
+        if not lanes:
+            self.rows, self.cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
+            self.orient()
         ea, eb = (get_format(f).emin for f in (self.formats[::-1] if self.swap else self.formats))
         finite, ranges = _block.operand_ranges(self.a, self.b, ea, eb)
-        fast = finite and _block.block_params(self.cfg.block, self.cfg.fraction_bits, e_zero,
-                                              precision, emin, rne16, ranges)
-        if not fast:
+        prm = np.zeros(8, np.int32)
+        variant, shift_a, shift_b = _block.tile_params(
+            self.cfg.block, self.cfg.fraction_bits, e_zero, precision, emin, rne16, *ranges,
+            prm) if finite else (-1, 0, 0)
+        if variant < 0:
             self.rows, self.swap = 0, False
             self.a, self.b, self.ia, self.ib = self.sources
             return
-        self.prm, self.variant, (shift_a, shift_b) = fast
+        self.prm, self.variant = prm, variant
         self.highest, self.c_low = ranges[1], self.cfg.fraction_bits - 125
-        self.a = _block.pack_block_rows(self.a, ea, shift_a)
-        self.b = _block.pack_block_cols(self.b, eb, shift_b)
+        if lanes:
+            self.mode = "lanes"
+            self.a = _block.pack_lanes(self.a, self.b, self.ia, self.ib, ea, eb,
+                                       (shift_a, shift_b))
+        else:
+            self.mode = "tiles"
+            self.a = _block.pack_block_rows(self.a, ea, shift_a)
+            self.b = _block.pack_block_cols(self.b, eb, shift_b)
         self.acc_dtype = np.float32
 
+    def new_acc(self, c=None):
+        if self.mode != "lanes":
+            return super().new_acc(c)
+        outputs = self.batch_size * self.m * self.n
+        acc = np.zeros(tiles(outputs, _block.BLOCK_COLS) * _block.BLOCK_COLS, np.float32)
+        if c is not None:
+            acc[:outputs] = np.asarray(c, np.float32).reshape(-1)
+        return acc
+
+    def values(self, acc):
+        if self.mode != "lanes":
+            return super().values(acc)
+        return np.array(self._outputs(acc), dtype=np.float32)
+
+    def _outputs(self, acc):
+        """The (B, M, N) outputs of a fast kernel's accumulator, as a view."""
+        if self.mode == "lanes":
+            return acc[:self.batch_size * self.m * self.n].reshape(self.batch_size, self.m,
+                                                                     self.n)
+        rows, cols = self._shape
+        d = acc[:, :rows, :cols]
+        return transposed(d) if self.swap else d
+
     def chain(self, acc, k0, k1):
-        if not self.rows:
+        if self.mode == "general":
             self._general(acc, k0, k1)
             return
         start = self._chain_start(acc, k1 - k0)
-        if start is not None and not _block.block_chain_packed(
-                *self.a, *self.b, acc, self.ia, self.ib, k0, k1, self.prm, self.variant):
+        if start is not None and not self._fast(acc, k0, k1):
             return
         if start is not None:
             acc[...] = start
-        rows, cols = self._shape
-        d = acc[:, :rows, :cols]
-        d64 = np.ascontiguousarray(transposed(d) if self.swap else d, dtype=np.float64)
+        d = self._outputs(acc)
+        d64 = np.ascontiguousarray(d, dtype=np.float64)
         self._general(d64, k0, k1)
-        d[...] = transposed(d64) if self.swap else d64
+        d[...] = d64
+
+    def _fast(self, acc, k0, k1) -> bool:
+        """Run the fast kernel; whether it raised the flag."""
+        if self.mode == "lanes":
+            return _block.block_chain_lanes(*self.a, acc, k0, k1, self.prm, self.variant)
+        return _block.block_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1,
+                                         self.prm, self.variant)
 
     def _chain_start(self, acc, k):
         """A copy of acc's c (0.0 when it is all zero) if the fast kernel may run a chain of k

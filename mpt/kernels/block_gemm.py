@@ -57,7 +57,7 @@ from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32
 __all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "block_fits",
            "tile_params", "block_params", "operand_ranges", "pack_block_rows", "pack_block_cols",
            "block_chain_packed", "finite_range", "tile_ranges", "product_range", "tile_pack_a", "tile_pack_b",
-           "chain_tiles"]
+           "chain_tiles", "block_chain_lanes", "pack_lanes"]
 
 BLOCK_ROWS = 8              # tile rows (the sum pass keeps 16 int32 totals in registers)
 BLOCK_COLS = 2 * COLS       # tile columns: 64 uint8 anchor lanes; the sum pass runs two halves
@@ -115,36 +115,48 @@ def _smax(builder, x, y):
     return _call(builder, "llvm.smax.v16i32", _VI32, [x, y])
 
 
-def _emit_anchor(builder, ea_addr, eb_addr, n, anchor_addr):
-    """anchor[r, j] = max over k < n of u[k, r] ⊖ v[k, j] (uint8 codes, module docstring)."""
+def _emit_anchor(builder, ea_addr, eb_addr, n, anchor_addr, rows, lanes):
+    """anchor[r, j] = max over k < n of u[k, r] ⊖ v[k, j] (uint8 codes, module docstring) for
+    ``rows`` rows of A's codes (uint32 words) — or, with ``lanes``, per lane j: A's codes u[k, j]
+    (uint8, a BLOCK_COLS-wide panel like B's; rows = 1)."""
     def step(k, anchor):
         b = builder.load(_at(builder, eb_addr, builder.mul(k, _const(BLOCK_COLS)), _VI8), align=1)
-        row = builder.mul(k, _const(BLOCK_ROWS))
         out = []
-        for r in range(BLOCK_ROWS):
-            word = builder.load(_at(builder, ea_addr, builder.add(row, _const(r)), _I32), align=4)
-            a = builder.bitcast(_splat(builder, word, _VI32), _VI8)
+        for r in range(rows):
+            if lanes:
+                a = builder.load(_at(builder, ea_addr, builder.mul(k, _const(BLOCK_COLS)), _VI8),
+                                 align=1)
+            else:
+                word = builder.load(_at(builder, ea_addr,
+                                        builder.add(builder.mul(k, _const(rows)), _const(r)),
+                                        _I32), align=4)
+                a = builder.bitcast(_splat(builder, word, _VI32), _VI8)
             diff = _call(builder, "llvm.usub.sat.v64i8", _VI8, [a, b])
             out.append(_call(builder, "llvm.umax.v64i8", _VI8, [anchor[r], diff]))
         return out
-    anchor = _k_loop(builder, n, [_vconst(_VI8, 0)] * BLOCK_ROWS, step)
+    anchor = _k_loop(builder, n, [_vconst(_VI8, 0)] * rows, step)
     for r, value in enumerate(anchor):
         builder.store(value, _at(builder, anchor_addr, r * BLOCK_COLS, _VI8), align=1)
 
 
-def _emit_sum(builder, va_addr, vb_addr, n, s_addr):
+def _emit_sum(builder, va_addr, vb_addr, n, s_addr, rows, lanes):
     """One half (COLS columns) of the tile: total[r, j] = Σ_k<n int32(va[k, r]·vb[k, j]·s[r, j]);
-    vb_addr points at the half's first column of a BLOCK_COLS-wide panel."""
+    vb_addr (and va_addr with ``lanes``: per-lane A values, rows = 1) point at the half's first
+    column of a BLOCK_COLS-wide panel."""
     scale = [builder.load(_at(builder, s_addr, i * _LANES, _VF32), align=4)
-             for i in range(2 * BLOCK_ROWS)]
+             for i in range(2 * rows)]
 
     def step(k, total):
         b = _panel_vectors(builder, vb_addr, k, BLOCK_COLS)
-        a = _panel_splats(builder, va_addr, k, BLOCK_ROWS)
-        return [builder.add(total[i], builder.fptosi(
-            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
-            for i in range(len(total))]
-    return _k_loop(builder, n, [_vconst(_VI32, 0)] * (2 * BLOCK_ROWS), step)
+        if lanes:
+            a = _panel_vectors(builder, va_addr, k, BLOCK_COLS)
+            products = [builder.fmul(a[i], b[i]) for i in range(2)]
+        else:
+            a = _panel_splats(builder, va_addr, k, rows)
+            products = [builder.fmul(a[i // 2], b[i % 2]) for i in range(2 * rows)]
+        return [builder.add(total[i], builder.fptosi(builder.fmul(products[i], scale[i]), _VI32))
+                for i in range(len(total))]
+    return _k_loop(builder, n, [_vconst(_VI32, 0)] * (2 * rows), step)
 
 
 def _emit_start(builder, c, code, prm, variant, flag):
@@ -211,7 +223,13 @@ def _emit_round_fp16(builder, s, q, flag):
     return builder.fptrunc(r, _VF32), builder.or_(flag, builder.sext(big, _VI32))
 
 
-def _emit_tile(variant):
+def _emit_tile(variant, lanes=False):
+    """The body of a tile kernel: BLOCK_ROWS x BLOCK_COLS outputs from a row panel of A and a
+    column panel of B, or, with ``lanes``, BLOCK_COLS independent dot products (one output per
+    lane, A's panel like B's)."""
+    rows = 1 if lanes else BLOCK_ROWS
+    a_width = BLOCK_COLS if lanes else BLOCK_ROWS          # A's values per k
+
     def emit(builder, acc_addr, ldc, va_addr, ea_addr, vb_addr, eb_addr, nk, prm_addr,
              scratch_addr, flag_addr):
         """The block chain over k < nk for the tile at acc_addr (row stride ldc floats); ORs 1
@@ -227,27 +245,26 @@ def _emit_tile(variant):
         codes = ir.VectorType(_I8, _LANES)
 
         def vectors(half):
-            """(index, accumulator pointer) of the 16 vectors of one half of the tile."""
-            for r in range(BLOCK_ROWS):
+            """(index, accumulator pointer) of the 2·rows vectors of one half of the tile."""
+            for r in range(rows):
                 row = builder.add(acc_addr, builder.mul(row_bytes, _const(r)))
                 for v in range(2):
                     i = r * 2 + v
-                    yield half * 2 * BLOCK_ROWS + i, \
-                        _at(builder, row, (2 * half + v) * _LANES, _VF32)
+                    yield half * 2 * rows + i, _at(builder, row, (2 * half + v) * _LANES, _VF32)
 
         def one_block(ib, state):
             flag, = state
             kb = builder.mul(ib, block)
             n = builder.sub(nk, kb)
             n = builder.select(builder.icmp_signed("<", n, block), n, block)
-            va = builder.add(va_addr, builder.mul(kb, _const(4 * BLOCK_ROWS)))
+            va = builder.add(va_addr, builder.mul(kb, _const(4 * a_width)))
             vb = builder.add(vb_addr, builder.mul(kb, _const(4 * BLOCK_COLS)))
-            _emit_anchor(builder, builder.add(ea_addr, builder.mul(kb, _const(4 * BLOCK_ROWS))),
-                         builder.add(eb_addr, builder.mul(kb, _const(BLOCK_COLS))), n,
-                         anchor_addr)
+            ea = builder.add(ea_addr, builder.mul(kb, _const(BLOCK_COLS if lanes else 4 * rows)))
+            _emit_anchor(builder, ea, builder.add(eb_addr, builder.mul(kb, _const(BLOCK_COLS))),
+                         n, anchor_addr, rows, lanes)
             for half in range(2):
                 for i, c_ptr in vectors(half):
-                    r, v = divmod(i % (2 * BLOCK_ROWS), 2)
+                    r, v = divmod(i % (2 * rows), 2)
                     code = builder.zext(builder.load(_at(
                         builder, anchor_addr, r * BLOCK_COLS + (2 * half + v) * _LANES, codes),
                         align=1), _VI32)
@@ -257,9 +274,10 @@ def _emit_tile(variant):
                     builder.store(q, _at(builder, q_addr, i * _LANES, _VF32), align=4)
                     builder.store(c_term, _at(builder, cterm_addr, i * _LANES, _VI32), align=4)
             for half in range(2):
-                first = half * 2 * BLOCK_ROWS
-                total = _emit_sum(builder, va, builder.add(vb, _const(4 * COLS * half)), n,
-                                  builder.add(s_addr, _const(4 * _LANES * first)))
+                first = half * 2 * rows
+                total = _emit_sum(builder, builder.add(va, _const(4 * COLS * half)) if lanes
+                                  else va, builder.add(vb, _const(4 * COLS * half)), n,
+                                  builder.add(s_addr, _const(4 * _LANES * first)), rows, lanes)
                 for i, c_ptr in vectors(half):
                     c_term = builder.load(_at(builder, cterm_addr, i * _LANES, _VI32), align=4)
                     q = builder.load(_at(builder, q_addr, i * _LANES, _VF32), align=4)
@@ -277,35 +295,38 @@ def _emit_tile(variant):
     return emit
 
 
-_tile_rz = _tile_intrinsic(_emit_tile(0), 10)
-_tile_rz_tiny = _tile_intrinsic(_emit_tile(_CHECK_TINY), 10)
-_tile_rz_sum = _tile_intrinsic(_emit_tile(_CHECK_SUM), 10)
-_tile_rz_tiny_sum = _tile_intrinsic(_emit_tile(_CHECK_TINY | _CHECK_SUM), 10)
-_tile_short = _tile_intrinsic(_emit_tile(_SHORT), 10)
-_tile_short_tiny = _tile_intrinsic(_emit_tile(_SHORT | _CHECK_TINY), 10)
-_tile_rne16 = _tile_intrinsic(_emit_tile(RNE16 | _CHECK_SUM), 10)
-#: The variants block_params chooses from (the others are never needed: an RZ output of fewer
+#: The variants tile_params chooses from (the others are never needed: an RZ output of fewer
 #: than 24 bits comes with F = 13, whose sums never overflow).
 VARIANTS = (0, _CHECK_TINY, _CHECK_SUM, _CHECK_TINY | _CHECK_SUM, _SHORT, _SHORT | _CHECK_TINY,
             RNE16 | _CHECK_SUM)
 
 
-@njit(inline="always")
-def _tile(variant, args):
-    if variant == 0:
-        _tile_rz(*args)
-    elif variant == _CHECK_TINY:
-        _tile_rz_tiny(*args)
-    elif variant == _CHECK_SUM:
-        _tile_rz_sum(*args)
-    elif variant == _CHECK_TINY | _CHECK_SUM:
-        _tile_rz_tiny_sum(*args)
-    elif variant == _SHORT:
-        _tile_short(*args)
-    elif variant == _SHORT | _CHECK_TINY:
-        _tile_short_tiny(*args)
-    else:
-        _tile_rne16(*args)
+def _dispatcher(lanes):
+    """An inline njit ``run(variant, args)`` that calls the tile kernel of that variant (one
+    intrinsic per variant: the variant's checks are compiled in, not tested per block)."""
+    k0, k1, k2, k3, k4, k5, k6 = (_tile_intrinsic(_emit_tile(v, lanes), 10) for v in VARIANTS)
+
+    @njit(inline="always")
+    def run(variant, args):
+        if variant == VARIANTS[0]:
+            k0(*args)
+        elif variant == VARIANTS[1]:
+            k1(*args)
+        elif variant == VARIANTS[2]:
+            k2(*args)
+        elif variant == VARIANTS[3]:
+            k3(*args)
+        elif variant == VARIANTS[4]:
+            k4(*args)
+        elif variant == VARIANTS[5]:
+            k5(*args)
+        else:
+            k6(*args)
+    return run
+
+
+_tile = _dispatcher(lanes=False)
+_lanes = _dispatcher(lanes=True)
 
 
 @njit(cache=True, parallel=True)
@@ -421,26 +442,31 @@ def _widen(low, high, x, field_min):
 
 @njit(cache=True, parallel=True)
 def _ranges_k(bits, field_min, lo, hi):
-    """lo/hi[z, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] (_NONE_LO /
-    0 if none; 255: Inf or NaN). bits: (B, R, K) uint32, contiguous along K. (Direct indexing,
-    no row views: the loops vectorize.)"""
+    """lo/hi[t, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] over the
+    batches z ≡ t (mod T = lo.shape[0]) (_NONE_LO / 0 if none; 255: Inf or NaN). bits: (B, R,
+    K) uint32, contiguous along K. (Direct indexing, no row views: the loops vectorize.)"""
     nb, nr, k = bits.shape
-    for z in prange(nb):
-        for i in range(nr):
-            for kk in range(k):
-                lo[z, kk], hi[z, kk] = _widen(lo[z, kk], hi[z, kk], bits[z, i, kk], field_min)
+    tasks = lo.shape[0]
+    for t in prange(tasks):
+        for z in range(t, nb, tasks):
+            for i in range(nr):
+                for kk in range(k):
+                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk], bits[z, i, kk],
+                                                  field_min)
 
 
 @njit(cache=True, parallel=True)
 def _ranges_r(bits, field_min, lo, hi):
     """As :func:`_ranges_k` for bits contiguous along R."""
     nb, nr, k = bits.shape
-    for t in prange(nb * k):
-        z, kk = t // k, t % k
-        low, high = np.uint32(_NONE_LO), np.uint32(0)
-        for i in range(nr):
-            low, high = _widen(low, high, bits[z, i, kk], field_min)
-        lo[z, kk], hi[z, kk] = low, high
+    tasks = lo.shape[0]
+    for t in prange(tasks):
+        for z in range(t, nb, tasks):
+            for kk in range(k):
+                low, high = lo[t, kk], hi[t, kk]
+                for i in range(nr):
+                    low, high = _widen(low, high, bits[z, i, kk], field_min)
+                lo[t, kk], hi[t, kk] = low, high
 
 
 @njit(inline="always")
@@ -483,8 +509,9 @@ def operand_ranges(a, b, emin_a, emin_b):
     lowest over row k of B), and so on."""
     out = []
     for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
-        lo = np.full((x.shape[0], x.shape[2]), _NONE_LO, np.uint32)
-        hi = np.zeros((x.shape[0], x.shape[2]), np.uint32)
+        tasks = min(x.shape[0], 8)
+        lo = np.full((tasks, x.shape[2]), _NONE_LO, np.uint32)
+        hi = np.zeros((tasks, x.shape[2]), np.uint32)
         (_ranges_k if along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
                                                   lo, hi)
         out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
@@ -615,3 +642,63 @@ def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
                     ea[it].ctypes.data, vb[jt].ctypes.data, eb[jt].ctypes.data, nk,
                     prm.ctypes.data, scratch.ctypes.data, flag.ctypes.data)
             _tile(variant, args)
+
+
+# ---- many small products: one dot product per lane --------------------------------------------
+
+@njit(cache=True, parallel=True)
+def block_chain_lanes(vap, eap, vbp, ebp, acc, k0, k1, prm, variant):
+    """The block model's chain over k in [k0, k1) for independent dot products, one per lane:
+    output d (lane d % BLOCK_COLS of panel d // BLOCK_COLS) is acc[d] chained with row d of A
+    and column d of B, packed by :func:`pack_lanes` into (P, K, BLOCK_COLS) panels (values
+    float32, anchor codes uint8). acc: (P·BLOCK_COLS,) float32, in: c, out: D. Returns whether a
+    panel raised the flag (the call's bits are then void). One task per panel."""
+    npanel = vap.shape[0]
+    flags = np.zeros(npanel, np.int32)
+    for p in prange(npanel):
+        scratch = np.empty(SCRATCH_WORDS, np.int32)
+        _lanes(variant, (acc[p * BLOCK_COLS:].ctypes.data, 0, vap[p, k0:].ctypes.data,
+                         eap[p, k0:].ctypes.data, vbp[p, k0:].ctypes.data,
+                         ebp[p, k0:].ctypes.data, k1 - k0, prm.ctypes.data, scratch.ctypes.data,
+                         flags[p:].ctypes.data))
+    return flags.any()
+
+
+@njit(cache=True, parallel=True)
+def _pack_lanes(a, b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va, ea, vb, eb):
+    """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
+    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros)."""
+    m, n, k = a.shape[1], b.shape[2], a.shape[2]
+    total = ia.size * m * n
+    for p in prange(va.shape[0]):
+        w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
+        za, zb = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
+        rows, cols = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
+        for w in range(w_n):
+            d = p * BLOCK_COLS + w
+            z = d // (m * n)
+            za[w], zb[w], rows[w], cols[w] = ia[z], ib[z], d // n % m, d % n
+        for w in range(w_n):
+            for kk in range(k):
+                va[p, kk, w], vb[p, kk, w] = a[za[w], rows[w], kk], b[zb[w], kk, cols[w]]
+        for kk in range(k):
+            for w in range(w_n, BLOCK_COLS):
+                va[p, kk, w], vb[p, kk, w] = 0, 0
+            for w in range(BLOCK_COLS):
+                ea[p, kk, w] = np.uint8(_code_a(va[p, kk, w], field_min_a, shift_a) &
+                                        np.uint32(0xFF))
+                eb[p, kk, w] = _code_b(vb[p, kk, w], field_min_b, shift_b)
+
+
+def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
+    """A (Ba, M, K) and B (Bb, K, N) float32 (any strides) of a broadcast batch (ia, ib) as
+    lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes B), each
+    (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS); ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    k = a.shape[2]
+    npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
+    va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
+    ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
+    _pack_lanes(a.view(np.uint32), b.view(np.uint32), ia, ib, np.uint32(emin_a + 127),
+                np.uint32(emin_b + 127), np.int32(shifts[0] - 127), np.int32(shifts[1] + 127),
+                va.view(np.uint32), ea, vb.view(np.uint32), eb)
+    return va, ea, vb, eb
