@@ -24,8 +24,10 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from mpt.kernels.fma import fma32
+
 __all__ = ["ROWS", "COLS", "along_k", "pack_panels", "pack_rows", "pack_cols", "direct_rows",
-           "fma_chain", "fma_tile"]
+           "fma_chain", "fma_lanes", "fma_tile"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
@@ -256,3 +258,19 @@ def direct_rows(a: np.ndarray, rows: int) -> int:
     if min(a.strides[1:]) <= 0 or row_stride % 4096 == 0:
         return 0
     return a.shape[1] // rows
+
+
+@njit(cache=True, parallel=True)
+def fma_lanes(a, b, acc, ia, ib, k0, k1):
+    """The FMA chain of :func:`fma_chain` over k in [k0, k1) with one output per iteration, for
+    many small products that tiles would pad: acc[z, i, j] (float32 (B, M, N), in: c, out: D)
+    from a[ia[z], i, :] and b[ib[z], :, j] (float32, any strides). Same operations in the same
+    order per output."""
+    nb, m, n = acc.shape
+    for t in prange((nb * m * n + 255) // 256):
+        for d in range(t * 256, min(nb * m * n, (t + 1) * 256)):
+            z, i, j = d // (m * n), d // n % m, d % n
+            x = acc[z, i, j]
+            for k in range(k0, k1):
+                x = fma32(a[ia[z], i, k], b[ib[z], k, j], x)
+            acc[z, i, j] = x
