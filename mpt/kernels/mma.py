@@ -86,6 +86,17 @@ def f32_bits(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
+@intrinsic
+def f32_from_bits(typingctx, x):
+    """The float32 whose IEEE bit pattern is the uint32 x (an LLVM bitcast)."""
+    if x != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
+
+
 @njit(inline="always")
 def _pow2_floor(x):
     """2^floor(log2|x|) for a finite non-zero normal float64 (0 for ±0)."""

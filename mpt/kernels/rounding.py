@@ -55,12 +55,14 @@ from collections import namedtuple
 import numpy as np
 from numba import njit, prange
 
+from mpt.kernels.mma import f32_bits, f32_from_bits
 from mpt.kernels.random import BLOCK, CHUNK, fill_words
 
 __all__ = [
     "RNE", "RNA", "RZ", "RU", "RD", "SR", "MODE_CODES",
     "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source",
     "round_bits", "round_bits_words", "round_bits_philox", "specialised", "decode_bits",
+    "widen_fp16",
 ]
 
 RNE, RNA, RZ, RU, RD, SR = 0, 1, 2, 3, 4, 5
@@ -433,3 +435,19 @@ def round_spec(fmt, src_dtype, *, saturate=False, subnormals=True, rbits=32):
     spec.update(rebias=(sb - (1 - emin)) << spec["m"] if has_zero else (sb + emin) << spec["m"],
                 subpath=int(has_zero and emin > 1 - sb), minnorm=(emin + sb) << sm)
     return RoundSpec(**{k: np.int64(v) for k, v in spec.items()})
+
+
+@njit(cache=True)
+def widen_fp16(h, out):
+    """out = the float32 bit patterns of fp16 bit patterns h (both (n,), uint16/uint32), exactly
+    as IEEE conversion gives them (NaN payloads shifted up 13 bits). The magnitude bits moved up
+    13 places are the value times 2^-112 for every finite fp16 (normal and subnormal), so one
+    float32 multiply by 2^112 rebiases it exactly; exponent field 31 (Inf, NaN) maps to 255.
+    Branch-free, so that the loop vectorizes."""
+    for i in range(h.size):
+        x = np.uint32(h[i])
+        mag = np.uint32((x & np.uint32(0x7FFF)) << np.uint32(13))
+        finite = f32_bits(f32_from_bits(mag) * np.float32(2.0**112))
+        special = mag | np.uint32(0x70000000)            # exponent field 31 -> 255
+        bits = special if (x & np.uint32(0x7C00)) == np.uint32(0x7C00) else finite
+        out[i] = bits | ((x & np.uint32(0x8000)) << np.uint32(16))
