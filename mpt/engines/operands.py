@@ -19,7 +19,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
-from mpt.kernels.rounding import widen_fp16
+from mpt.kernels.rounding import widen_bf16, widen_fp16
 from mpt.rounding import decode
 
 __all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "values32",
@@ -55,10 +55,10 @@ def values32(x: np.ndarray, fmt: str) -> np.ndarray:
         return x
     if x.dtype.itemsize == 1:
         return decode(x)               # exact; faster than ml_dtypes' casts for 8-bit formats
-    if fmt == "fp16":                  # exact; faster than numpy's cast
+    if fmt in ("fp16", "bf16"):        # exact; faster than numpy's / ml_dtypes' casts
         out = np.empty(x.shape, np.float32)
-        widen_fp16(np.ascontiguousarray(x).reshape(-1).view(np.uint16),
-                   out.reshape(-1).view(np.uint32))
+        (widen_fp16 if fmt == "fp16" else widen_bf16)(
+            np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
         return out
     return x.astype(np.float32)
 
