@@ -60,7 +60,8 @@ from mpt.kernels.block_gemm import BLOCK_ROWS as _BR
 from mpt.kernels.block_gemm import (E_MAX, SCRATCH_WORDS, chain_tiles, product_range,
                                     tile_pack_a, tile_pack_b, tile_params, tile_ranges)
 from mpt.kernels.gemm import COLS, ROWS, fma_tile
-from mpt.kernels.mma import block_finish, block_scale, block_start, threads_for
+from mpt.kernels.mma import (_as_bits, _from_bits, block_finish, block_scale, block_start,
+                             threads_for)
 from mpt.kernels.random import philox_block, split64
 
 __all__ = ["FMA_TILE", "FMA", "MUL_ADD", "BLOCK", "engine_params", "rounding_params",
@@ -133,13 +134,18 @@ def _fma(typingctx, a, b, c):
 @njit(inline="always")
 def _round_format(x, rnd):
     """x (a W value) rounded to nearest-even on the grid of the format rnd = (mantissa bits, emin,
-    max), as a float64; beyond max: ±Inf. Exact: scaling by powers of two and rint."""
+    max), as a float64; beyond max: ±Inf. Exact, in float64 bit arithmetic (no libm call): with
+    2^e <= |x| < 2^(e+1) (x is a normal float64) the grid step is 2^g, g = max(e, emin) − mant,
+    and adding then subtracting 1.5·2^(52+g) rounds |x| to it, ties to even (|x| < 2^(51+g)).
+    Oracle: the ldexp/rint formulation, on random values of every format (tests)."""
     mant, emin, largest = rnd
-    if mant < 0 or x == 0 or not abs(x) < np.inf:
-        return np.float64(x)
-    e = math.frexp(np.float64(x))[1] - 1                   # 2^e <= |x| < 2^(e+1)
-    g = max(e, emin) - mant                                # grid step 2^g
-    r = math.ldexp(np.rint(math.ldexp(np.float64(x), -g)), g)
+    v = np.float64(x)
+    if mant < 0 or v == 0 or not abs(v) < np.inf:
+        return v
+    e = ((_as_bits(v) >> 52) & 0x7FF) - 1023
+    g = max(e, emin) - mant
+    magic = _from_bits(((52 + g + 1023) << 52) | (1 << 51))
+    r = math.copysign((v + magic) - magic, v)             # a result of 0 keeps x's sign, as rint
     return r if abs(r) <= largest else math.copysign(np.inf, r)
 
 
