@@ -577,10 +577,11 @@ def _magnitude_bits(bits):
 @njit(cache=True)
 def tile_ranges(x, field_min, lo, hi):
     """lo/hi[k] widened by the non-zero nominal exponent fields of x[:, k] (see
-    :func:`_ranges_k`); x: (R, K) float32, any strides."""
+    :func:`_ranges_k`); x: (R, K) float32, any strides (the float32 conversion only lets
+    callers that also handle float64 arrays, elsewhere, compile)."""
     for i in range(x.shape[0]):
         for kk in range(x.shape[1]):
-            lo[kk], hi[kk] = _widen(lo[kk], hi[kk], f32_bits(x[i, kk]), field_min)
+            lo[kk], hi[kk] = _widen(lo[kk], hi[kk], f32_bits(np.float32(x[i, kk])), field_min)
 
 
 @njit(cache=True)
