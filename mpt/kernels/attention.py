@@ -57,8 +57,8 @@ from numba.core.extending import intrinsic
 
 from mpt.kernels.block_gemm import BLOCK_COLS as _BC
 from mpt.kernels.block_gemm import BLOCK_ROWS as _BR
-from mpt.kernels.block_gemm import (E_MAX, SCRATCH_WORDS, chain_tiles, product_range,
-                                    tile_pack_a, tile_pack_b, tile_params, tile_ranges)
+from mpt.kernels.block_gemm import (E_MAX, SCRATCH_WORDS, chain_tiles, magnitude_range,
+                                    product_range, tile_codes, tile_pack_fields, tile_params)
 from mpt.kernels.gemm import COLS, ROWS, fma_tile
 from mpt.kernels.mma import (_as_bits, _from_bits, block_finish, block_scale, block_start,
                              threads_for)
@@ -203,8 +203,8 @@ def _scratch(eng, m, kk, n):
     """Per-task buffers of the engine: packed A (ceil(m/ROWS), kk, ROWS) and B (ceil(n/COLS), kk,
     COLS) panels (FMA_TILE); decoded A values/nominals (m, kk), B (kk, n) and five (n,) float64
     rows (BLOCK, general path); the register-blocked block path's packed panels, anchor codes,
-    parameters, tile scratch, flag, a copy of c and four (kk,) exponent ranges (BLOCK). Unused
-    buffers are empty."""
+    parameters, tile scratch, flag, a copy of c, four (kk,) exponent ranges and the exponent
+    fields of A's and B's panels (BLOCK). Unused buffers are empty."""
     fast, block = eng[0] == FMA_TILE, eng[0] == BLOCK
     ap = np.zeros(((m + ROWS - 1) // ROWS if fast else 0, kk, ROWS), np.float32)
     bp = np.zeros(((n + COLS - 1) // COLS if fast else 0, kk, COLS), np.float32)
@@ -218,7 +218,8 @@ def _scratch(eng, m, kk, n):
             np.empty(8, np.int32), np.empty(SCRATCH_WORDS if block else 0, np.int32),
             np.zeros(1, np.int32), np.empty((mt * _BR, nt * _BC), np.float32),
             np.empty(kb, np.uint32), np.empty(kb, np.uint32), np.empty(kb, np.uint32),
-            np.empty(kb, np.uint32))
+            np.empty(kb, np.uint32), np.empty((mt, kb, _BR), np.uint8),
+            np.empty((nt, kb, _BC), np.uint8))
 
 
 @njit
@@ -278,15 +279,15 @@ def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
     (c unchanged) where its conditions fail or it raises the flag (``block_chain_packed``'s,
     checked here per call: operands finite and in the window, c finite, no c that could grow
     past 2^E_MAX and, without the tiny check, no non-zero |c| below 2^(F−125))."""
-    va, ea, vb, eb, prm, scratch, flag, saved, lo_a, hi_a, lo_b, hi_b = sc[11:]
+    va, ea, vb, eb, prm, scratch, flag, saved, lo_a, hi_a, lo_b, hi_b, fa, fb = sc[11:]
     L, F = eng[1], eng[2]
     fmin = np.uint32(max(_exponent_of(eng[8]) + 127, 1))
     for x in (lo_a, lo_b):
         x[:kk] = 0xFFFF
     for x in (hi_a, hi_b):
         x[:kk] = 0
-    tile_ranges(a2, fmin, lo_a, hi_a)
-    tile_ranges(b2.T, fmin, lo_b, hi_b)
+    mt = tile_pack_fields(a2, fmin, va, fa, lo_a, hi_a)
+    nt = tile_pack_fields(b2.T, fmin, vb, fb, lo_b, hi_b)
     finite, lowest, highest, top_a, top_b = product_range(lo_a[:kk], hi_a[:kk], lo_b[:kk],
                                                          hi_b[:kk])
     if not finite:
@@ -297,20 +298,12 @@ def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
                                             top_a, top_b, prm)
     if variant < 0:
         return False
-    largest, smallest = 0.0, np.inf
-    for r in range(m):
-        for j in range(n):
-            x = abs(np.float64(c[r, j]))
-            if not x < np.inf:
-                return False
-            largest = max(largest, x)
-            if x != 0.0:
-                smallest = min(smallest, x)
-    if largest + kk * 2.0 ** (highest + 2) >= 2.0 ** E_MAX or smallest < 2.0 ** (F - 125):
+    finite, largest, smallest = magnitude_range(c[:m, :n])
+    if not finite or largest + kk * 2.0 ** (highest + 2) >= 2.0 ** E_MAX or \
+            smallest < 2.0 ** (F - 125):
         return False
-    mt, nt = (m + _BR - 1) // _BR, (n + _BC - 1) // _BC
-    tile_pack_a(a2, fmin, np.int32(shift_a - 127), va, ea)
-    tile_pack_b(b2.T, fmin, np.int32(shift_b + 127), vb, eb)
+    tile_codes(fa, mt, kk, np.int32(shift_a - 127), ea)
+    tile_codes(fb, nt, kk, np.int32(shift_b + 127), eb)
     region = c[:mt * _BR, :nt * _BC]
     saved[:mt * _BR, :nt * _BC] = region
     flag[0] = 0

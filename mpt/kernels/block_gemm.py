@@ -49,15 +49,15 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
-from mpt.kernels.mma import f32_bits
+from mpt.kernels.mma import f32_bits, f32_from_bits
 from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32, _const,
                               _k_loop, _panel_splats, _panel_vectors, _pointer, _tile_intrinsic,
                               along_k, pack_panels)
 
 __all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "block_fits",
-           "tile_params", "block_params", "operand_ranges", "pack_block_rows", "pack_block_cols",
-           "block_chain_packed", "finite_range", "tile_ranges", "product_range", "tile_pack_a", "tile_pack_b",
-           "chain_tiles", "block_chain_lanes", "pack_lanes"]
+           "tile_params", "operand_ranges", "pack_block_rows", "pack_block_cols",
+           "block_chain_packed", "finite_range", "block_chain_lanes", "pack_lanes",
+           "product_range", "tile_pack_fields", "tile_codes", "magnitude_range", "chain_tiles"]
 
 BLOCK_ROWS = 8              # tile rows (the sum pass keeps 16 int32 totals in registers)
 BLOCK_COLS = 2 * COLS       # tile columns: 64 uint8 anchor lanes; the sum pass runs two halves
@@ -69,7 +69,7 @@ _NO_EXP = 1 << 20           # "no non-zero value" in the exponent ranges
 X86_ROUNDING = numba.config.CPU_NAME is None and \
     bool(llvm.get_host_cpu_features().get("avx512f", False))
 
-# the int32 parameter vector (block_params): exponents are biased fields shifted to bit 23
+# the int32 parameter vector (tile_params): exponents are biased fields shifted to bit 23
 P_BLOCK, P_KEEP, P_FLOOR, P_TINY, P_EMIN_C, P_S, P_Q = range(7)
 _N_PARAMS = 7
 # kernel variants (bits): check for a tiny c, for an int32 overflow; RZ to fewer than 24 bits;
@@ -336,7 +336,7 @@ def block_chain_packed(vap, eap, vbp, ebp, acc, ia, ib, k0, k1, prm, variant):
     vap, eap: (Ba, Mt, K, BLOCK_ROWS) float32 values / uint32 anchor codes of A from
     :func:`pack_block_rows`; vbp, ebp: (Bb, Nt, K, BLOCK_COLS) float32 / uint8 of B from
     :func:`pack_block_cols`; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32, C-contiguous, in:
-    c, out: D; prm, variant: from :func:`block_params`. Returns whether a tile raised the flag
+    c, out: D; prm, variant: from :func:`tile_params`. Returns whether a tile raised the flag
     (the call's bits are then void). Tasks are (batch, column panel, 8 row tiles).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
@@ -406,15 +406,6 @@ def tile_params(block, fraction_bits, e_zero, precision, emin, rne16, lowest, hi
         if (block << (fraction_bits + 2)) + (1 << (fraction_bits + 1)) > 1 << 31:
             variant |= _CHECK_SUM
     return variant, 255 - top_a, 255 - top_a + floor
-
-
-def block_params(block, fraction_bits, e_zero, precision, emin, rne16, ranges):
-    """(int32 parameter vector, kernel variant, code shifts (s_a, s_b)) of
-    :func:`block_chain_packed` (see :func:`tile_params`), or None outside the fast path."""
-    prm = np.zeros(_N_PARAMS, np.int32)
-    variant, shift_a, shift_b = tile_params(block, fraction_bits, e_zero, precision, emin,
-                                            rne16, *ranges, prm)
-    return None if variant < 0 else (prm, variant, (shift_a, shift_b))
 
 
 # ---- packing -----------------------------------------------------------------------------------
@@ -527,7 +518,7 @@ def operand_ranges(a, b, emin_a, emin_b):
 def pack_block_rows(a: np.ndarray, emin: int, shift: int):
     """A (B, M, K) float32 (any strides) -> (values (B, Mt, K, BLOCK_ROWS) float32, anchor codes
     (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each byte four times);
-    ``shift``: s_a of :func:`block_params`."""
+    ``shift``: s_a of :func:`tile_params`."""
     nb, m, k = a.shape
     mt = -(-m // BLOCK_ROWS)
     values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
@@ -540,7 +531,7 @@ def pack_block_rows(a: np.ndarray, emin: int, shift: int):
 def pack_block_cols(b: np.ndarray, emin: int, shift: int):
     """B (B, K, N) float32 (any strides) -> (values (B, Nt, K, BLOCK_COLS) float32, anchor codes
     (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros); ``shift``: s_b of
-    :func:`block_params` (>= every eb)."""
+    :func:`tile_params` (>= every eb)."""
     nb, k, n = b.shape
     nt = -(-n // BLOCK_COLS)
     values = np.empty((nb, nt, k, BLOCK_COLS), np.float32)
@@ -575,16 +566,6 @@ def _magnitude_bits(bits):
 # ---- one tile GEMM at a time (mpt.kernels.attention) ------------------------------------------
 
 @njit(cache=True)
-def tile_ranges(x, field_min, lo, hi):
-    """lo/hi[k] widened by the non-zero nominal exponent fields of x[:, k] (see
-    :func:`_ranges_k`); x: (R, K) float32, any strides (the float32 conversion only lets
-    callers that also handle float64 arrays, elsewhere, compile)."""
-    for i in range(x.shape[0]):
-        for kk in range(x.shape[1]):
-            lo[kk], hi[kk] = _widen(lo[kk], hi[kk], f32_bits(np.float32(x[i, kk])), field_min)
-
-
-@njit(cache=True)
 def product_range(lo_a, hi_a, lo_b, hi_b):
     """(all finite?, lowest, highest nominal exponent ea + eb of a non-zero product, highest
     non-zero exponent of A, of B) from per-k ranges of biased exponent fields."""
@@ -595,40 +576,6 @@ def product_range(lo_a, hi_a, lo_b, hi_b):
             lowest = min(lowest, np.int64(lo_a[kk]) + np.int64(lo_b[kk]) - 254)
             highest = max(highest, np.int64(hi_a[kk]) + np.int64(hi_b[kk]) - 254)
     return max(top_a, top_b) < 0xFF, lowest, highest, top_a - 127, top_b - 127
-
-
-@njit(inline="always")
-def _tile_panels(x, vout):
-    """vout[p, k, w] = x[p·W + w, k] (0 past R) for the panels of width W = vout.shape[2] along
-    the rows of x (R, K) float32 (any strides); returns the number of panels."""
-    nr, k = x.shape
-    width = vout.shape[2]
-    for p in range((nr + width - 1) // width):
-        w_n = min(width, nr - p * width)
-        vout[p, :k, w_n:] = 0
-        for kk in range(k):
-            for w in range(w_n):
-                vout[p, kk, w] = x[p * width + w, kk]
-    return (nr + width - 1) // width
-
-
-@njit(cache=True)
-def tile_pack_a(x, field_min, shift, vout, eout):
-    """A's panels (:func:`_tile_panels`) and anchor codes (:func:`_code_a`)."""
-    for p in range(_tile_panels(x, vout)):
-        for kk in range(x.shape[1]):
-            for w in range(vout.shape[2]):
-                eout[p, kk, w] = _code_a(f32_bits(vout[p, kk, w]), field_min, shift)
-
-
-@njit(cache=True)
-def tile_pack_b(x, field_min, shift, vout, eout):
-    """B's panels (:func:`_tile_panels`, along the columns of B: x = Bᵀ) and anchor codes
-    (:func:`_code_b`)."""
-    for p in range(_tile_panels(x, vout)):
-        for kk in range(x.shape[1]):
-            for w in range(vout.shape[2]):
-                eout[p, kk, w] = _code_b(f32_bits(vout[p, kk, w]), field_min, shift)
 
 
 @njit(cache=True)
@@ -703,3 +650,61 @@ def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
                 np.uint32(emin_b + 127), np.int32(shifts[0] - 127), np.int32(shifts[1] + 127),
                 va.view(np.uint32), ea, vb.view(np.uint32), eb)
     return va, ea, vb, eb
+
+
+@njit(cache=True)
+def tile_pack_fields(x, field_min, vout, fields, lo, hi):
+    """One pass over x (R, K) float32 (any strides) for a tile call: panels of width W =
+    vout.shape[2] along its rows, vout[p, k, w] = x[p·W + w, k] (0 past R), the nominal
+    exponent field of each non-zero value in fields (uint8; 0 for zeros and padding), and
+    lo/hi[k] widened by them (see :func:`_ranges_k`). Returns the number of panels."""
+    nr, k = x.shape
+    width = vout.shape[2]
+    npanel = (nr + width - 1) // width
+    for p in range(npanel):
+        w_n = min(width, nr - p * width)
+        for kk in range(k):
+            low, high = lo[kk], hi[kk]
+            for w in range(width):
+                v = np.float32(x[p * width + w, kk]) if w < w_n else np.float32(0.0)
+                bits = f32_bits(v)
+                vout[p, kk, w] = v
+                f, nonzero = _field(bits, field_min)
+                fields[p, kk, w] = np.uint8(f) if nonzero else np.uint8(0)
+                low, high = _widen(low, high, bits, field_min)
+            lo[kk], hi[kk] = low, high
+    return npanel
+
+
+@njit(cache=True)
+def tile_codes(fields, npanel, k, shift, eout):
+    """Anchor codes from the fields of :func:`tile_pack_fields`: A's (uint32 eout, ``shift`` =
+    s_a − 127: max(field + shift, 0) four times, 0 for zeros) or B's (uint8 eout, ``shift`` =
+    s_b + 127: min(shift − field, 255), 255 for zeros)."""
+    for p in range(npanel):
+        for kk in range(k):
+            for w in range(fields.shape[2]):
+                f = np.int32(fields[p, kk, w])
+                if eout.itemsize == 4:
+                    code = max(f + shift, np.int32(0))
+                    eout[p, kk, w] = np.uint32(code if f != 0 else 0) * np.uint32(0x01010101)
+                else:
+                    code = min(shift - f, np.int32(255))
+                    eout[p, kk, w] = np.uint8(code if f != 0 else 255)
+
+
+@njit(cache=True)
+def magnitude_range(c):
+    """(every value finite?, largest, smallest non-zero magnitude (inf if none)) of a 2-D
+    float32 array (any strides), in unsigned bit arithmetic (see :func:`_magnitude_bits`)."""
+    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    for r in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            m = np.uint32(f32_bits(np.float32(c[r, j])) << np.uint32(1))
+            top = max(top, m)
+            low = min(low, np.uint32(m - np.uint32(1)))
+    top = np.uint32(top >> np.uint32(1))
+    low = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
+    finite = top < np.uint32(0x7F800000)
+    smallest = np.float64(f32_from_bits(low)) if low != 0 else np.inf
+    return finite, np.float64(f32_from_bits(top)) if finite else np.inf, smallest
