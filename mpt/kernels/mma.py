@@ -40,7 +40,7 @@ from numba.core.extending import intrinsic
 
 from mpt.kernels.threads import one_thread
 
-__all__ = ["magnitude_range", "decode_terms", "block_chain", "exact_chain", "mul_add_chain",
+__all__ = ["decode_terms", "block_chain", "exact_chain", "mul_add_chain",
            "threads_for"]
 
 _PARALLEL_WORK = 1 << 18  # products below which waking worker threads costs more than it saves
@@ -113,20 +113,6 @@ def threads_for(work):
     """Run the kernels of a call of ``work`` products on one thread when it is small
     (:func:`mpt.kernels.threads.one_thread`); the bits never depend on it."""
     return one_thread(work < _PARALLEL_WORK)
-
-
-@njit(cache=True)
-def magnitude_range(x):
-    """(all finite?, smallest non-zero |x| (inf if none), largest |x|) of a float32 array."""
-    lo, hi = np.inf, 0.0
-    for v in x.ravel():
-        m = abs(np.float64(v))
-        if not m < np.inf:
-            return False, lo, hi
-        if m != 0.0:
-            lo = min(lo, m)
-        hi = max(hi, m)
-    return True, lo, hi
 
 
 @njit(cache=True)
@@ -241,15 +227,9 @@ def block_chain(va, pa, vb, pb, acc, ia, ib, k0, k1, block, fraction_bits, zero_
     Parameters are the spec's: F = fraction_bits, 2^e_zero = zero_pow2, and the output format
     ``out`` = (2^emin, 2^-(p-1), max finite, round to nearest?).
 
-    This is the general path (any inputs, specials included). Finite operands whose non-zero
-    products have magnitudes in [2^-60, 2^60], with block·2^(F+2) <= 2^31, take the register-
-    blocked ``mpt.kernels.gemm.block_chain_packed`` instead (16 float32/int32 lanes), exact for
-    the same reasons plus: a product of two values of at most 11 significant bits is exact in
-    float32 and its nominal product (> |a·b|/4 >= 2^-62) is a normal float32; a block with a
-    non-zero product then has E >= 2^-62 and a scale 2^(F-E) <= 2^87, so capping the scale at
-    2^88 (finite in float32) only touches blocks whose products are all 0; scaling by a power
-    of two is exact or underflows below 1, where truncation gives 0 anyway; and each truncated
-    term is an integer below 2^(F+2), so int32 holds a block's sum (c's term stays in float64).
+    This is the general path (any inputs, specials included). Finite operands in a window of
+    exponents, with block·2^(F+2) <= 2^31, take the register-blocked kernels of
+    ``mpt.kernels.block_gemm`` instead (float32/int32 lanes; exactness argued there).
     Tasks are (batch, 32x64 output tiles); each output element is computed by one thread in a
     fixed order, so the bits do not depend on threads.
     """
