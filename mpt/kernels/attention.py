@@ -59,7 +59,7 @@ from mpt.kernels.block_gemm import BLOCK_COLS as _BC
 from mpt.kernels.block_gemm import BLOCK_ROWS as _BR
 from mpt.kernels.block_gemm import (E_MAX, SCRATCH_WORDS, chain_tiles, magnitude_range,
                                     product_range, tile_codes, tile_pack_fields, tile_params)
-from mpt.kernels.gemm import COLS, ROWS, fma_tile
+from mpt.kernels.gemm import COLS, ROWS, fma_tile, fma_tile_strided
 from mpt.kernels.mma import (_as_bits, _from_bits, block_finish, block_scale, block_start,
                              threads_for)
 from mpt.kernels.random import philox_block, split64
@@ -230,20 +230,30 @@ def _mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
     code = eng[0]
     if code == FMA_TILE:
         ap, bp = sc[0], sc[1]
-        for rt in range((m + ROWS - 1) // ROWS):
-            for k in range(kk):
-                for t in range(ROWS):
-                    r = rt * ROWS + t
-                    ap[rt, k, t] = _at(a, za, ra, a_t, r, k) if r < m else 0.0
+        a2 = a[za, ra:ra + kk, :m].T if a_t else a[za, ra:ra + m, :kk]          # (m, kk)
+        b2 = b[zb, rb:rb + n, :kk].T if b_t else b[zb, rb:rb + kk, :n]          # (kk, n)
+        direct = m % ROWS == 0          # A read in place (whole row tiles), else packed
+        if not direct:
+            for rt in range((m + ROWS - 1) // ROWS):
+                for k in range(kk):
+                    for t in range(ROWS):
+                        r = rt * ROWS + t
+                        ap[rt, k, t] = a2[r, k] if r < m else 0.0
         for ct in range((n + COLS - 1) // COLS):
+            w_n = min(COLS, n - ct * COLS)
             for k in range(kk):
-                for t in range(COLS):
-                    j = ct * COLS + t
-                    bp[ct, k, t] = _at(b, zb, rb, not b_t, j, k) if j < n else 0.0
+                for t in range(w_n):
+                    bp[ct, k, t] = b2[k, ct * COLS + t]
+                bp[ct, k, w_n:] = 0.0
+        sar, sak = a2.strides[0] // a2.itemsize, a2.strides[1] // a2.itemsize
         for rt in range((m + ROWS - 1) // ROWS):
             for ct in range((n + COLS - 1) // COLS):
-                fma_tile(c[rt * ROWS:, ct * COLS:].ctypes.data, c.shape[1], ap[rt].ctypes.data,
-                         bp[ct].ctypes.data, kk)
+                c_addr = c[rt * ROWS:, ct * COLS:].ctypes.data
+                if direct:
+                    fma_tile_strided(c_addr, c.shape[1], a2[rt * ROWS:].ctypes.data, sar, sak,
+                                     bp[ct].ctypes.data, kk)
+                else:
+                    fma_tile(c_addr, c.shape[1], ap[rt].ctypes.data, bp[ct].ctypes.data, kk)
     elif code == BLOCK:
         _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc)
     else:

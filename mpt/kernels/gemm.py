@@ -27,7 +27,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels.fma import fma32
 
 __all__ = ["ROWS", "COLS", "along_k", "pack_panels", "pack_rows", "pack_cols", "direct_rows",
-           "fma_chain", "fma_lanes", "fma_tile"]
+           "fma_chain", "fma_lanes", "fma_tile", "fma_tile_strided"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
@@ -163,6 +163,9 @@ def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
 
 
 _fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
+#: ``fma_tile_strided(c_addr, ldc, a_addr, sar, sak, b_addr, nk)``: :data:`fma_tile` with A read
+#: in place, A[r, k] at a_addr + 4·(r·sar + k·sak) (used by mpt.kernels.attention).
+fma_tile_strided = _fma_strided
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
 #: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
 #: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
