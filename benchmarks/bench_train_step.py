@@ -22,7 +22,6 @@ process; default 2 then 1). ``--profile`` prints the functions that dominate the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import pathlib

@@ -49,7 +49,9 @@ def _raises_flag(model, a, b, c, out="fp32"):
 def _general(a, b, c, model, out="fp32"):
     """mpt.mma on the general kernel: an Inf in an extra batch element sends the call there."""
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    flat = lambda x: np.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])  # noqa: E731
+
+    def flat(x):
+        return np.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])
     spoiled = np.concatenate([flat(a), np.full((1,) + a.shape[-2:], np.inf,
                                                np.float32).astype(a.dtype)])
     bb = np.concatenate([flat(b), flat(b)[:1]])

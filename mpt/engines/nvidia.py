@@ -4,9 +4,9 @@ The model (docs/tensor_cores.md): K is consumed in blocks of L products in incre
 product is exact and not renormalised; every term (c included) is truncated to F fraction bits
 below the largest exponent of the block (a zero term counts with the exponent e_zero); the exact
 sum is rounded once per block — RZ-FP32, RZ-E8M13 (Ada/Hopper FP8) or RNE-FP16 — and is the next
-block's c. Kernels: :mod:`mpt.kernels.mma` (any inputs) and the register-blocked fast path of
-:mod:`mpt.kernels.block_gemm`. Oracle: :mod:`mpt.reference.mma`; hardware: the vendored V100/A100/H100
-samples (tests/test_mma_hardware.py).
+block's c. Kernels: :mod:`mpt.kernels.mma` (any inputs) and the register-blocked fast paths of
+:mod:`mpt.kernels.block_gemm`. Oracle: :mod:`mpt.reference.mma`; hardware: the vendored
+V100/A100/H100 samples (tests/test_mma_hardware.py).
 
 Evidence: the FP16/BF16/TF32 configurations of Volta, Ampere and Hopper reproduce every row of
 the real-GPU samples (hardware-verified); Turing, Ada, Blackwell and every FP8 configuration

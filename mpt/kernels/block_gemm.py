@@ -1,11 +1,14 @@
 """L1: the Tensor Core block model (:mod:`mpt.kernels.mma`), register-blocked in LLVM IR.
 
 ``block_chain_packed`` runs the block model's chain over a k-range on packed operands, one
-BLOCK_ROWS x BLOCK_COLS (8 x 64) float32 output tile at a time, every block of L products in
-three passes over registers:
+BLOCK_ROWS x BLOCK_COLS (8 x 64) float32 output tile at a time; ``block_chain_lanes`` runs the
+same arithmetic with one independent dot product per lane (many small products), and
+``chain_tiles`` one small product tile by tile (the flash-attention kernels). Every block of L
+products takes three passes over registers:
 
-1. **anchor**: E_p = max(floor, max_k (ea + eb)) over the block, on 64 uint8 lanes: A's nominal
-   exponents are stored as codes u = ea + s_a, B's as v = s_b − eb with s_b − s_a = floor, so
+1. **anchor**: E_p = max(floor, max_k (ea + eb)) over the block — the nominal exponents of a
+   and b, not the product's own (Hopper's products are not renormalised) —, on 64 uint8 lanes:
+   A's exponents are stored as codes u = ea + s_a, B's as v = s_b − eb with s_b − s_a = floor, so
    that the saturating difference u ⊖ v = max(0, ea + eb − floor); zeros are coded 0 in A and
    255 in B, which makes the difference 0. With s_a = 255 − max ea, no code of a non-zero value
    exceeds 255 or falls below 0 when max ea + max eb <= floor + 255 (the caller checks it); a
@@ -47,7 +50,7 @@ import llvmlite.binding as llvm
 import llvmlite.ir as ir
 import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 
 from mpt.kernels.mma import f32_bits, f32_from_bits
 from mpt.kernels.gemm import (COLS, _I32, _I64, _LANES, _ROW_TILES, _VF32, _VI32, _const,
