@@ -38,6 +38,8 @@ from mpt.formats import Format, get_format
 from mpt.autograd import conversion as _conversion
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
+from mpt.kernels.rounding import narrow_bf16 as _narrow_bf16
+from mpt.kernels.rounding import widen_bf16 as _widen_bf16
 from mpt.rounding import round as round_format
 
 __all__ = [
@@ -87,7 +89,10 @@ def opmath(x: np.ndarray) -> np.ndarray:
     if dtype == np.float32 or dtype == np.float64:
         return x
     if dtype == _BF16:  # the top half of a float32: a shift, no FP conversion (sNaN stays quiet)
-        return (x.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        out = np.empty(x.shape, np.float32)
+        _widen_bf16(np.ascontiguousarray(x).reshape(-1).view(np.uint16),
+                    out.reshape(-1).view(np.uint32))
+        return out
     with np.errstate(invalid="ignore"):  # signalling-NaN patterns: the conversion quiets them
         return x.astype(np.float32)  # fp16, fp8, ...: widening is exact
 
@@ -98,10 +103,11 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     conversion rules (:mod:`mpt.autograd.conversion`: a TPU's flush, Trainium's stochastic
     rounding) a round-to-nearest-even into a format they name follows them instead.
 
-    Round-to-nearest-even casts float32 → fp16/bf16 and float64 → fp32/fp16 take numpy's /
-    ml_dtypes' ``astype``, which is a single correctly rounded RNE conversion for exactly these
-    pairs (bit-identical to ``mpt.round``, tested on random bit patterns) and much faster on the
-    small arrays of one op; every other case calls ``mpt.round``.
+    Round-to-nearest-even casts float32 → fp16 and float64 → fp32/fp16 take numpy's ``astype``,
+    which is a single correctly rounded RNE conversion for exactly these pairs (bit-identical to
+    ``mpt.round``, tested on random bit patterns) and much faster on the small arrays of one op;
+    float32 → bf16 takes ``mpt.kernels.rounding.narrow_bf16`` (the same bits, vectorized); every
+    other case calls ``mpt.round``.
     """
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)  # numpy scalars from 0-d arithmetic
@@ -112,14 +118,19 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     rules = _conversion.current_rules()
     if rules is not None and mode == "nearest_even" and fmt.name in rules.formats:
         return _conversion.convert(x, fmt, rules)  # the target's rule (mpt.autograd.conversion)
+    if mode == "nearest_even" and x.dtype == np.float32 and fmt.name == "bf16":
+        out = np.empty(x.shape, fmt.dtype)
+        _narrow_bf16(np.ascontiguousarray(x).reshape(-1).view(np.uint32),
+                     out.reshape(-1).view(np.uint16))
+        return out
     if mode == "nearest_even" and (x.dtype, fmt.name) in _ASTYPE_RNE:
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(fmt.dtype)
     return np.asarray(round_format(x, fmt, mode))  # mpt.round returns numpy scalars for 0-d input
 
 
-_ASTYPE_RNE = {(np.dtype(np.float32), "fp16"), (np.dtype(np.float32), "bf16"),
-               (np.dtype(np.float64), "fp32"), (np.dtype(np.float64), "fp16")}
+_ASTYPE_RNE = {(np.dtype(np.float32), "fp16"), (np.dtype(np.float64), "fp32"),
+               (np.dtype(np.float64), "fp16")}
 
 
 # ---- operator registry (filled by mpt.function and mpt.functional) -------------------------------

@@ -50,7 +50,6 @@ from mpt.engines.model import Assumption, MMAConfig
 from mpt.engines.operands import batched, emin_pow2, output_params, register_kind
 from mpt.formats import get_format
 from mpt.kernels import blockscaled as _bs
-from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
 
 __all__ = ["BlockScaledOperands", "ZERO_RULE", "SCALE_FORMATS", "KINDS", "scaled_config",
@@ -96,8 +95,9 @@ def scale_format_of(dtype) -> str | None:
 class BlockScaledOperands(BlockOperands):
     """Block-scaled operands (module docstring). Product terms (kind::mxf8f6f4) fold the scales
     into the block model's (value, nominal) pairs and run :class:`BlockOperands`' kernels (the
-    register-blocked one when the folded operands meet its conditions, under the "mpt" zero
-    rule); group terms (mxf4, mxf4nvf4) run ``mpt.kernels.blockscaled.group_chain``."""
+    chunked register-blocked one when the folded operands meet its conditions, under the "mpt"
+    zero rule; else the general kernel); group terms (mxf4, mxf4nvf4) run
+    ``mpt.kernels.blockscaled.group_chain``."""
 
     SCALES = True
 
@@ -207,11 +207,9 @@ class BlockScaledOperands(BlockOperands):
             terms.append((value, nominal))
         (va, pa), (vb, pb) = terms
         if not mma_sim and packable(va, vb):
-            self.rows = _gemm.BLOCK_ROWS
-            va, pa, vb, pb = (x.astype(np.float32) for x in (va, pa, vb, pb))
-        self.a, self.b = (va, pa), (vb, pb)
-        if self.rows:
-            self.pack()
+            self.chunks(*(tuple(x.astype(np.float32) for x in t) for t in terms))
+        else:
+            self.terms, self.index = (va, pa, vb, pb), (self.ia, self.ib)
 
     def _groups(self, sfmt, block, sa, sb, mma_sim):
         """mxf4 / mxf4nvf4: float32 E2M1 values and per-group scale terms, K padded with zeros

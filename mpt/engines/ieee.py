@@ -13,7 +13,7 @@ import numpy as np
 
 from mpt.engines.model import MMAConfig, MMAModel, register_model
 from mpt.engines.nvidia import F8F6F4
-from mpt.engines.operands import Operands, PackedOperands, output_params, register_kind
+from mpt.engines.operands import Operands, PackedOperands, output_params, register_kind, tiles
 from mpt.kernels import gemm as _gemm
 from mpt.kernels import mma as _mma
 
@@ -25,7 +25,11 @@ ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e
 
 @register_kind("ieee_fma")
 class FmaOperands(PackedOperands):
-    """FP32 accumulator; the register-blocked FMA kernel on packed panels."""
+    """FP32 accumulator; the register-blocked FMA kernel (``fma_chain``). A is read in place,
+    whole row tiles, where its layout allows it (``direct_rows``); its last partial row tile,
+    and B, are packed into zero-padded panels straight from their own layout (no contiguous
+    copy first). Many small products, which tiles would pad, run one output per iteration
+    (``fma_lanes``) on the operands as they are."""
 
     acc_dtype = np.float32
 
@@ -34,11 +38,22 @@ class FmaOperands(PackedOperands):
         _check_per_k(cfg)
 
     def prepare(self):
-        self.rows = _gemm.ROWS
-        self.pack()
+        rows, cols = _gemm.ROWS, self.cols
+        padded = min(tiles(self.m, rows) * tiles(self.n, cols),
+                     tiles(self.n, rows) * tiles(self.m, cols)) * rows * cols
+        if self.m * self.n * 4 < padded:        # lanes: plain (B, M, N) accumulator
+            return
+        self.rows = rows
+        self.orient()
+        direct = _gemm.direct_rows(self.a, self.rows)
+        self.a = (self.a, _gemm.pack_rows(self.a[:, direct * self.rows:], self.rows), direct)
+        self.b = _gemm.pack_cols(self.b)
 
     def chain(self, acc, k0, k1):
-        _gemm.fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1)
+        if self.rows:
+            _gemm.fma_chain(*self.a, self.b, acc, self.ia, self.ib, k0, k1)
+        else:
+            _gemm.fma_lanes(self.a, self.b, acc, self.ia, self.ib, k0, k1)
 
 
 def _check_per_k(cfg):

@@ -5,9 +5,9 @@ product is exact and not renormalised; every term (c included) is truncated to F
 below the largest exponent of the block (a zero term counts with the exponent e_zero); the exact
 sum is rounded once per block — RZ-FP32, RZ-E8M13 (Ada/Hopper FP8) or RNE-FP16 — and is the next
 block's c. Its operand class is :mod:`mpt.engines.block`; kernels: :mod:`mpt.kernels.mma` (any
-inputs) and the register-blocked fast path of :mod:`mpt.kernels.gemm`. Oracle:
-:mod:`mpt.reference.mma`; hardware: the vendored V100/A100/H100 samples
-(tests/test_mma_hardware.py).
+inputs) and the register-blocked fast paths of :mod:`mpt.kernels.block_gemm` and
+:mod:`mpt.kernels.gemm`. Oracle: :mod:`mpt.reference.mma`; hardware: the vendored V100/A100/H100
+samples (tests/test_mma_hardware.py).
 
 Besides each generation's default instructions, a preset has **instruction variants**
 (``mpt.mma(..., variant=)``): the smaller ``mma.sync`` shapes, chained as blocks of their own K

@@ -25,6 +25,8 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
+from mpt.kernels.rounding import widen_bf16, widen_fp16
+from mpt.rounding import decode
 from mpt.rounding import round as _round
 
 __all__ = ["Operands", "PackedOperands", "register_kind", "operands_class", "roundings", "values32",
@@ -52,10 +54,20 @@ def operands_class(kind: str) -> type:
 
 
 def values32(x: np.ndarray, fmt: str) -> np.ndarray:
-    """The float32 values of an operand (tf32: the low 13 bits of the pattern dropped)."""
+    """The float32 values of an operand (tf32: the low 13 bits of the pattern dropped), in x's
+    layout: float32 operands are not copied (the kernels and packers take any strides)."""
     if fmt == "tf32":
-        return (np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
-    return np.ascontiguousarray(x, dtype=np.float32)
+        return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    if x.dtype == np.float32:
+        return x
+    if x.dtype.itemsize == 1:
+        return decode(x)               # exact; faster than ml_dtypes' casts for 8-bit formats
+    if fmt in ("fp16", "bf16"):        # exact; faster than numpy's / ml_dtypes' casts
+        out = np.empty(x.shape, np.float32)
+        (widen_fp16 if fmt == "fp16" else widen_bf16)(
+            np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+        return out
+    return x.astype(np.float32)
 
 
 def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
@@ -75,8 +87,9 @@ def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """(flattened (B', R, C) array, (B,) index of each broadcast batch element into it)."""
-    flat = np.ascontiguousarray(x).reshape((int(np.prod(x.shape[:-2])),) + x.shape[-2:])
+    """(flattened (B', R, C) array — a view where numpy can make one —, (B,) index of each
+    broadcast batch element into it)."""
+    flat = x.reshape((int(np.prod(x.shape[:-2])),) + x.shape[-2:])
     index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
     return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
 
@@ -180,23 +193,28 @@ class Operands:
 
 class PackedOperands(Operands):
     """Operands for the register-blocked kernels of :mod:`mpt.kernels.gemm`: packed, zero-padded
-    panels (A in row panels of :attr:`rows`, B in column panels of ``COLS``) and a padded
+    panels (A in row panels of :attr:`rows`, B in column panels of :attr:`cols`) and a padded
     accumulator. They compute Cᵀ = Bᵀ·Aᵀ instead when that pads less (the models that use them
     are symmetric in a and b, element by element). Subclasses set :attr:`rows` in
     :meth:`prepare` (0: not packed) and may hold a tuple of arrays per operand.
     """
 
     rows = 0
+    cols = _gemm.COLS
     swap = False
 
-    def pack(self) -> None:
-        """Swap (if it pads less) and pack ``self.a``/``self.b`` (arrays or tuples of arrays)."""
-        cols = _gemm.COLS
-        self.swap = tiles(self.n, self.rows) * tiles(self.m, cols) < \
-            tiles(self.m, self.rows) * tiles(self.n, cols)
+    def orient(self) -> None:
+        """Compute Cᵀ = Bᵀ·Aᵀ (``self.a``/``self.b`` become transposed views) if that pads less."""
+        rows, cols = self.rows, self.cols
+        self.swap = tiles(self.n, rows) * tiles(self.m, cols) < \
+            tiles(self.m, rows) * tiles(self.n, cols)
         if self.swap:
             self.a, self.b = transposed(self.b), transposed(self.a)
             self.ia, self.ib = self.ib, self.ia
+
+    def pack(self) -> None:
+        """Orient and pack ``self.a``/``self.b`` (arrays or tuples of arrays; any strides)."""
+        self.orient()
         self.a = _each(self.a, lambda x: _gemm.pack_rows(x, self.rows))
         self.b = _each(self.b, _gemm.pack_cols)
 
@@ -208,7 +226,7 @@ class PackedOperands(Operands):
     def _padded(self, c) -> np.ndarray:
         rows, cols = self._shape
         acc = np.zeros((self.batch_size, tiles(rows, self.rows) * self.rows,
-                        tiles(cols, _gemm.COLS) * _gemm.COLS), self.acc_dtype)
+                        tiles(cols, self.cols) * self.cols), self.acc_dtype)
         if c is not None:
             acc[:, :rows, :cols] = transposed(c) if self.swap else c
         return acc

@@ -41,11 +41,10 @@ Philox stream (seed, stream) is ≥ round(p·2^32) — the layout of ``mpt.funct
 on (Z, Nq, Nk), so forward, backward and the naive backend draw the same mask.
 
 **MMA engines** (each output element sees the same operations in the same order, whatever the
-thread count): ``FMA_TILE`` (ieee_fma on float32: ``mpt.kernels.gemm.fma_tile`` on operands packed
-per tile call), ``FMA`` (sequential fma in W: fp64 mode), ``MUL_ADD`` (ieee_mul_add) and ``BLOCK``
-(the Tensor Core block model of ``mpt.kernels.mma``: K consumed in blocks of L from the start of
-each tile GEMM; an accumulator row is copied to float64 for the block steps, exactly). NaN and
-Inf propagate as the IEEE operations above do; a NaN score makes its row's max NaN. Oracle:
+thread count): ``FMA_TILE`` (ieee_fma on float32), ``FMA`` (sequential fma in W: fp64 mode),
+``MUL_ADD`` (ieee_mul_add) and ``BLOCK`` (the Tensor Core block model of ``mpt.kernels.mma``: K
+consumed in blocks of L from the start of each tile GEMM), run by the tile GEMMs of
+:mod:`mpt.kernels.flash_gemm`. NaN and Inf propagate as the IEEE operations above do; a NaN score makes its row's max NaN. Oracle:
 ``mpt.reference.attention.flash_forward`` / ``flash_backward`` (numpy, the same order), and the
 fp64 ``mpt.reference.attention.attention`` for accuracy.
 """
@@ -54,18 +53,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, types
-from numba.core.extending import intrinsic
+from numba import njit, prange
 
 from mpt._checks import check_int
-from mpt.kernels.gemm import COLS, ROWS, fma_tile
-from mpt.kernels.mma import block_finish, block_scale, block_start, threads_for
+from mpt.kernels.flash_gemm import (BLOCK, FMA, FMA_TILE, MUL_ADD, NO, YES, ZERO, acc_tile, fma,
+                                    tile_mm, tile_scratch)
+from mpt.kernels.mma import _as_bits, _from_bits, threads_for
 from mpt.kernels.random import philox_block, split64
 
 __all__ = ["FMA_TILE", "FMA", "MUL_ADD", "BLOCK", "engine_params", "rounding_params",
            "dropout_params", "flash_forward", "flash_backward"]
 
-FMA_TILE, FMA, MUL_ADD, BLOCK = 0, 1, 2, 3
 LOG2E = float.fromhex("0x1.71547652b82fep+0")  # log2(e) rounded to float64
 
 # FP32-output roundings of the block models: name -> significant bits (RZ, emin -126)
@@ -118,36 +116,22 @@ def dropout_params(dropout, work) -> tuple:
 
 # ---- scalar helpers (njit) ----------------------------------------------------------------------
 
-@intrinsic
-def _fma(typingctx, a, b, c):
-    """IEEE fused multiply-add (one rounding) of three floats of one type (llvm.fma)."""
-    if not (a == b == c and isinstance(a, types.Float)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.fma(*args)
-    return a(a, a, a), codegen
-
-
 @njit(inline="always")
 def _round_format(x, rnd):
     """x (a W value) rounded to nearest-even on the grid of the format rnd = (mantissa bits, emin,
-    max), as a float64; beyond max: ±Inf. Exact: scaling by powers of two and rint."""
+    max), as a float64; beyond max: ±Inf. Exact, in float64 bit arithmetic (no libm call): with
+    2^e <= |x| < 2^(e+1) (x is a normal float64) the grid step is 2^g, g = max(e, emin) − mant,
+    and adding then subtracting 1.5·2^(52+g) rounds |x| to it, ties to even (|x| < 2^(51+g)).
+    Oracle: the ldexp/rint formulation, on random values of every format (tests)."""
     mant, emin, largest = rnd
-    if mant < 0 or x == 0 or not abs(x) < np.inf:
-        return np.float64(x)
-    e = math.frexp(np.float64(x))[1] - 1                   # 2^e <= |x| < 2^(e+1)
-    g = max(e, emin) - mant                                # grid step 2^g
-    r = math.ldexp(np.rint(math.ldexp(np.float64(x), -g)), g)
+    v = np.float64(x)
+    if mant < 0 or v == 0 or not abs(v) < np.inf:
+        return v
+    e = ((_as_bits(v) >> 52) & 0x7FF) - 1023
+    g = max(e, emin) - mant
+    magic = _from_bits(((52 + g + 1023) << 52) | (1 << 51))
+    r = math.copysign((v + magic) - magic, v)             # a result of 0 keeps x's sign, as rint
     return r if abs(r) <= largest else math.copysign(np.inf, r)
-
-
-@njit(inline="always")
-def _nominal(x, emin_pow2):
-    """max(2^floor(log2|x|), 2^emin) for a finite non-zero float64 x; 0 for zeros, Inf, NaN."""
-    if x == 0.0 or not abs(x) < np.inf:
-        return 0.0
-    return max(math.ldexp(1.0, math.frexp(x)[1] - 1), emin_pow2)
 
 
 @njit
@@ -177,113 +161,6 @@ def _visible(i, j0, bc, nq, nk, causal):
     return min(max(i + nk - nq - j0 + 1, 0), bc)
 
 
-# ---- tile GEMMs ----------------------------------------------------------------------------------
-# An operand is (x, z, r0, t): the rows r0, r0+1, ... of batch z of a 3-D C-contiguous array, read
-# transposed when t. A(r, k) = x[z, r0 + r, k] (t: x[z, r0 + k, r]); B(k, j) = x[z, r0 + k, j]
-# (t: x[z, r0 + j, k]). One array type for every operand, and flags and offsets passed as run-time
-# values (Numba compiles a function once per *literal* argument), keep _mm to one specialisation
-# per work dtype.
-_NO, _YES, _ZERO = np.bool_(False), np.bool_(True), np.int64(0)
-
-
-@njit(inline="always")
-def _at(x, z, r0, transposed, r, k):
-    return x[z, r0 + k, r] if transposed else x[z, r0 + r, k]
-
-
-@njit
-def _scratch(eng, m, kk, n):
-    """Per-task buffers of the engine: packed A (ceil(m/ROWS), kk, ROWS) and B (ceil(n/COLS), kk,
-    COLS) panels (FMA_TILE); decoded A values/nominals (m, kk), B (kk, n) and five (n,) float64
-    rows (BLOCK). Unused buffers are empty."""
-    fast, block = eng[0] == FMA_TILE, eng[0] == BLOCK
-    ap = np.zeros(((m + ROWS - 1) // ROWS if fast else 0, kk, ROWS), np.float32)
-    bp = np.zeros(((n + COLS - 1) // COLS if fast else 0, kk, COLS), np.float32)
-    mb, kb, nb = (m, kk, n) if block else (0, 0, 0)
-    return (ap, bp, np.empty((mb, kb)), np.empty((mb, kb)), np.empty((kb, nb)),
-            np.empty((kb, nb)), np.empty(nb), np.empty(nb), np.empty(nb), np.empty(nb),
-            np.empty(nb))
-
-
-@njit
-def _mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
-    """c[:m, :n] = MMA chain of A·B over k = 0..kk-1 onto c (its C); A (m, kk) and B (kk, n) as
-    described above. c: C-contiguous, at least (ceil(m/ROWS)·ROWS, ceil(n/COLS)·COLS), of the
-    work dtype W (float32; float64 in fp64 mode)."""
-    code = eng[0]
-    if code == FMA_TILE:
-        ap, bp = sc[0], sc[1]
-        for rt in range((m + ROWS - 1) // ROWS):
-            for k in range(kk):
-                for t in range(ROWS):
-                    r = rt * ROWS + t
-                    ap[rt, k, t] = _at(a, za, ra, a_t, r, k) if r < m else 0.0
-        for ct in range((n + COLS - 1) // COLS):
-            for k in range(kk):
-                for t in range(COLS):
-                    j = ct * COLS + t
-                    bp[ct, k, t] = _at(b, zb, rb, not b_t, j, k) if j < n else 0.0
-        for rt in range((m + ROWS - 1) // ROWS):
-            for ct in range((n + COLS - 1) // COLS):
-                fma_tile(c[rt * ROWS:, ct * COLS:].ctypes.data, c.shape[1], ap[rt].ctypes.data,
-                         bp[ct].ctypes.data, kk)
-    elif code == BLOCK:
-        _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc)
-    else:
-        T = c.dtype.type
-        for r in range(m):
-            for k in range(kk):
-                x = T(_at(a, za, ra, a_t, r, k))
-                for j in range(n):
-                    y = T(_at(b, zb, rb, not b_t, j, k))
-                    c[r, j] = _fma(x, y, c[r, j]) if code == FMA else c[r, j] + x * y
-
-
-@njit
-def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
-    """The block model of ``mpt.kernels.mma`` (docs/tensor_cores.md §1) for every c[r, :n]:
-    blocks of L products from k = 0; per block the anchor E = max(2^e_zero, nominal(c),
-    max nominal(a)·nominal(b)), the exact sum of the truncated terms and one rounding to the
-    output (``block_start`` / ``block_scale`` / ``block_finish``), on a float64 copy of the row
-    (exact: it holds FP32 values)."""
-    L, F, zero_pow2, out, emin_pow2 = eng[1], eng[2], eng[3], eng[4:8], eng[8]
-    av, ap, bv, bp, anchor, scale, c_term, total, d = sc[2:]
-    for r in range(m):
-        for k in range(kk):
-            x = np.float64(_at(a, za, ra, a_t, r, k))
-            av[r, k] = x
-            ap[r, k] = _nominal(x, emin_pow2)
-    for k in range(kk):
-        for j in range(n):
-            x = np.float64(_at(b, zb, rb, not b_t, j, k))
-            bv[k, j] = x
-            bp[k, j] = _nominal(x, emin_pow2)
-    for r in range(m):
-        for w in range(n):
-            d[w] = c[r, w]
-        for kb in range(0, kk, L):
-            ke = min(kb + L, kk)
-            block_start(d[:n], anchor, zero_pow2, out[0])
-            for k in range(kb, ke):
-                pa = ap[r, k]
-                for w in range(n):
-                    anchor[w] = max(anchor[w], pa * bp[k, w])
-            block_scale(d[:n], anchor, scale, c_term, total, F, np.inf)
-            for k in range(kb, ke):
-                va = av[r, k]
-                for w in range(n):
-                    total[w] += np.trunc(va * bv[k, w] * scale[w])
-            block_finish(d[:n], anchor, c_term, total, F, out)
-        for w in range(n):
-            c[r, w] = d[w]
-
-
-@njit(inline="always")
-def _tile(rows, cols, dtype):
-    """A zeroed accumulator tile padded to whole ROWS x COLS micro-tiles."""
-    return np.zeros(((rows + ROWS - 1) // ROWS * ROWS, (cols + COLS - 1) // COLS * COLS), dtype)
-
-
 # ---- forward -------------------------------------------------------------------------------------
 
 @njit
@@ -308,7 +185,7 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd):
     lr = W(alpha * l[r])
     for c in range(ncols):
         if exp2:
-            pc = W(np.exp2(np.float64(_fma(W(s[r, c]), tau2, -mxs))))
+            pc = W(np.exp2(np.float64(fma(W(s[r, c]), tau2, -mxs))))
         else:
             pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - mx))))
         lr = W(lr + pc)
@@ -331,9 +208,9 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
     zk = kv_of[z]
     i0 = ib * bq
     br = min(bq, nq - i0)
-    sc = _scratch(eng, bq, max(d, bk), max(bk, dv))
-    s = _tile(bq, bk, q.dtype)                 # (Br, Bc) raw scores
-    acc = _tile(bq, dv, q.dtype)               # (Br, dv) O accumulator
+    sc = tile_scratch(eng, bq, max(d, bk), max(bk, dv))
+    s = acc_tile(bq, bk, q.dtype)                 # (Br, Bc) raw scores
+    acc = acc_tile(bq, dv, q.dtype)               # (Br, dv) O accumulator
     p = np.zeros((1, bq, bk), q.dtype)         # keep ∘ round_F(P)
     keep = np.ones(bk, np.bool_)
     m = np.full(bq, -np.inf, q.dtype)
@@ -344,12 +221,12 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
         if causal and j0 > i0 + br - 1 + nk - nq:
             break                                      # this and every later block is masked
         s[:] = 0.0
-        _mm(s, q, z, i0, _NO, k, zk, j0, _YES, br, bc, d, eng, sc)
+        tile_mm(s, q, z, i0, NO, k, zk, j0, YES, br, bc, d, eng, sc)
         for r in range(br):
             ncols = _visible(i0 + r, j0, bc, nq, nk, causal)
             _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
             _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd)
-        _mm(acc, p, _ZERO, _ZERO, _NO, v, zk, j0, _NO, br, dv, bc, eng, sc)
+        tile_mm(acc, p, ZERO, ZERO, NO, v, zk, j0, NO, br, dv, bc, eng, sc)
     for r in range(br):
         lr = l[r]
         if lr == 0 or lr != lr:
@@ -398,7 +275,7 @@ def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2,
     ds[0, r, :bc] = 0.0
     for c in range(ncols):
         if exp2:
-            pc = W(np.exp2(np.float64(_fma(W(s[r, c]), tau2, -l2))))
+            pc = W(np.exp2(np.float64(fma(W(s[r, c]), tau2, -l2))))
         else:
             pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - lse_r))))
         dpc = W(dp[r, c])
@@ -418,12 +295,12 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
     W = q.dtype.type
     nqb, nkb = (nq + bq - 1) // bq, (nk + bk - 1) // bk
     top = max(bq, bk)
-    sc = _scratch(eng, top, max(d, dv, top), max(bk, d, dv))
-    s = _tile(bq, bk, q.dtype)                 # (Br, Bc) scores
-    dp = _tile(bq, bk, q.dtype)                # (Br, Bc) dO·Vᵀ
-    dk_acc = _tile(bk, d, q.dtype)             # (Bc, d)
-    dv_acc = _tile(bk, dv, q.dtype)            # (Bc, dv)
-    dq_tile = _tile(bq, d, q.dtype)            # (Br, d)
+    sc = tile_scratch(eng, top, max(d, dv, top), max(bk, d, dv))
+    s = acc_tile(bq, bk, q.dtype)                 # (Br, Bc) scores
+    dp = acc_tile(bq, bk, q.dtype)                # (Br, Bc) dO·Vᵀ
+    dk_acc = acc_tile(bk, d, q.dtype)             # (Bc, d)
+    dv_acc = acc_tile(bk, dv, q.dtype)            # (Bc, dv)
+    dq_tile = acc_tile(bq, d, q.dtype)            # (Br, d)
     p = np.zeros((1, bq, bk), q.dtype)
     ds = np.zeros((1, bq, bk), q.dtype)
     keep = np.ones(bk, np.bool_)
@@ -440,19 +317,19 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
                 if causal and j0 > i0 + br - 1 + nk - nq:
                     continue                           # the forward skipped this pair
                 s[:] = 0.0
-                _mm(s, q, z, i0, _NO, k, zk, j0, _YES, br, bc, d, eng, sc)
+                tile_mm(s, q, z, i0, NO, k, zk, j0, YES, br, bc, d, eng, sc)
                 dp[:] = 0.0
-                _mm(dp, do, z, i0, _NO, v, zk, j0, _YES, br, bc, dv, eng, sc)
+                tile_mm(dp, do, z, i0, NO, v, zk, j0, YES, br, bc, dv, eng, sc)
                 for r in range(br):
                     i = i0 + r
                     ncols = _visible(i, j0, bc, nq, nk, causal)
                     _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
                     _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse[z, i], dsum[z, i], tau,
                                   tau2, exp2, rnd, drop)
-                _mm(dv_acc, p, _ZERO, _ZERO, _YES, do, z, i0, _NO, bc, dv, br, eng, sc)
-                _mm(dk_acc, ds, _ZERO, _ZERO, _YES, q, z, i0, _NO, bc, d, br, eng, sc)
+                tile_mm(dv_acc, p, ZERO, ZERO, YES, do, z, i0, NO, bc, dv, br, eng, sc)
+                tile_mm(dk_acc, ds, ZERO, ZERO, YES, q, z, i0, NO, bc, d, br, eng, sc)
                 dq_tile[:br, :d] = dq[z, i0:i0 + br]
-                _mm(dq_tile, ds, _ZERO, _ZERO, _NO, k, zk, j0, _NO, br, d, bc, eng, sc)
+                tile_mm(dq_tile, ds, ZERO, ZERO, NO, k, zk, j0, NO, br, d, bc, eng, sc)
                 dq[z, i0:i0 + br] = dq_tile[:br, :d]
         for r in range(bc):
             for c in range(d):

@@ -1,10 +1,13 @@
-"""L1: register-blocked GEMM micro-kernels: the ``ieee_fma`` model and the fast block model.
+"""L1: register-blocked GEMM micro-kernels: the ``ieee_fma`` model, the block model's chunked
+fast path, and the LLVM-IR helpers that :mod:`mpt.kernels.block_gemm` (the block model's tile
+kernels) and :mod:`mpt.kernels.mfma` share.
 
 Numba cannot name vector registers, so the inner loops are written as LLVM IR through
 ``numba.core.extending.intrinsic``: a tile of outputs lives in 16-lane float32/int32 vector
 registers while packed, k-major panels of A (``rows`` values per k) and B (32 values per k)
-stream through it, GotoBLAS-style. Operands are packed (zero-padded to whole tiles) once per
-GEMM by :func:`pack_rows` / :func:`pack_cols`; the drivers can then run any k-range.
+stream through it, GotoBLAS-style. Operands are packed (zero-padded to whole tiles, read from
+any strides: no copy first) once per GEMM by :func:`pack_rows` / :func:`pack_cols`; the
+drivers can then run any k-range.
 
 ``fma_chain`` — every output element is ``acc = c; for k increasing: acc = fma(a_ik, b_kj, acc)``,
 one IEEE binary32 fused multiply-add per k (``llvm.fma.v16f32``: exact product and sum, one RNE
@@ -13,11 +16,15 @@ computes, and mpt's FP32 matmul. Oracle: ``mpt.reference.mma.ieee_fma_reference`
 
 ``block_chain_packed`` — the block model of :mod:`mpt.kernels.mma` for operands that meet its
 fast conditions (finite, non-zero products within [2^-60, 2^60], F <= 29; see
-``mpt.kernels.mma.block_chain``): the anchor pass (max of nominal products) and the sum pass
-(Σ int32(a·b·2^(F-E)) over chunks of at most 2^(29-F) products, float32 products exact) run in
-registers; the per-block start and the output rounding are the shared Numba steps. Oracle:
-``mpt.reference.mma.block_dot_reference`` and the hardware samples. In both kernels each output element sees the same operations in the
-same order whatever the tiling and the thread count.
+``mpt.kernels.mma.block_chain``) but not those of :mod:`mpt.kernels.block_gemm` (blocks whose
+sum overflows int32, such as Blackwell's f8f6f4: 32 products, F = 25; scale-folded operands):
+the anchor pass (max of nominal products) and the sum pass (Σ int32(a·b·2^(F-E)) over chunks
+of at most 2^(29-F) products, float32 products exact) run in registers; the per-block start and
+the output rounding are the shared Numba steps. Oracle: ``mpt.reference.mma.block_dot_reference``
+and the hardware samples.
+
+In every kernel each output element sees the same operations in the same order whatever the
+tiling and the thread count.
 """
 from __future__ import annotations
 
@@ -27,19 +34,21 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from mpt.kernels.fma import fma32
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "pack_rows", "pack_cols", "pack_tiles",
-           "unpack_tiles", "fma_chain", "block_chain_packed", "sum_chunk", "fma_tile",
-           # building blocks of LLVM IR kernels over these panels (mpt.kernels.mfma uses them)
+__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "along_k", "pack_panels", "pack_rows",
+           "pack_cols", "pack_tiles", "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes",
+           "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
+           # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
 
 _LANES = 16              # 32-bit lanes of one AVX-512 register
 _VECS = 2                # vectors per tile row
 COLS = _LANES * _VECS    # tile columns
 ROWS = 8                 # tile rows of the FMA kernel: 16 accumulator registers
-BLOCK_ROWS = 8           # tile rows of the block kernel (its sum pass spills a few of its 16 + 16
-                         # scale and total registers, yet 8 rows measured faster than 4 or 6)
+BLOCK_ROWS = 8           # tile rows of the chunked block kernel (its sum pass spills a few of its
+                         # 16 + 16 scale and total registers, yet 8 rows measured faster than 4/6)
 _KC = 512                # k-slice per FMA micro-kernel call: packed panels stay in L1/L2
 ROW_TILES = 8            # row tiles per parallel task (they share one B panel in cache)
 
@@ -67,21 +76,30 @@ def _tile_pointers(builder, addr, ld, rows, vtype):
     return [builder.bitcast(builder.gep(base, [o]), vtype.as_pointer()) for o in offsets]
 
 
-def panel_vectors(builder, addr, k):
-    """The _VECS vectors of row k of a packed (K, COLS) float32 panel."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, const(COLS))])
+def _as_value(x):
+    return const(x) if isinstance(x, int) else x
+
+
+def panel_vectors(builder, addr, k, ld=COLS):
+    """The _VECS vectors at the start of row k of a (K, >= COLS) float32 panel with row stride
+    ld floats (an int or an i64 value)."""
+    row = builder.gep(_pointer(builder, addr), [builder.mul(k, _as_value(ld))])
     ptrs = [builder.bitcast(builder.gep(row, [const(_LANES * v)]), _VF32.as_pointer())
             for v in range(_VECS)]
     return [builder.load(p, align=4) for p in ptrs]
 
 
-def panel_splats(builder, addr, k, rows):
-    """Row k of a packed (K, rows) float32 panel, each value broadcast to a vector."""
-    row = builder.gep(_pointer(builder, addr), [builder.mul(k, const(rows))])
+def panel_splats(builder, addr, k, rows, row_stride=1, k_stride=None):
+    """A[r, k] for r < rows, each broadcast to a vector, from float32 elements at
+    addr + 4·(r·row_stride + k·k_stride) (strides: ints or i64 values; a packed (K, rows) panel
+    by default)."""
+    base = builder.gep(_pointer(builder, addr),
+                       [builder.mul(k, _as_value(rows if k_stride is None else k_stride))])
     zeros = ir.Constant(ir.VectorType(_I32, _LANES), [0] * _LANES)
     out = []
     for r in range(rows):
-        x = builder.load(builder.gep(row, [const(r)]), align=4)
+        x = builder.load(builder.gep(base, [builder.mul(const(r), _as_value(row_stride))]),
+                         align=4)
         v = builder.insert_element(ir.Constant(_VF32, ir.Undefined), x, ir.Constant(_I32, 0))
         out.append(builder.shuffle_vector(v, ir.Constant(_VF32, ir.Undefined), zeros))
     return out
@@ -119,30 +137,60 @@ def vector_intrinsic(builder, name, vtype, arity):
     return cgutils.get_or_insert_function(builder.module, fnty, name)
 
 
-def _tile_intrinsic(emit):
-    """An intrinsic (5 intp arguments: addresses and counts) whose body ``emit`` writes."""
-    @intrinsic
-    def tile(typingctx, x0, x1, x2, x3, x4):
-        def codegen(context, builder, signature, args):
-            emit(builder, *args)
-            return context.get_dummy_value()
-        return types.void(*([types.intp] * 5)), codegen
-    return tile
+def _codegen(emit):
+    def codegen(context, builder, signature, args):
+        emit(builder, *args)
+        return context.get_dummy_value()
+    return codegen
 
 
-def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
-    """C[ROWS, COLS] (row stride ldc) = fma(A[k, r], B[k, j], C[r, j]) for k = 0..nk-1."""
+def _tile_intrinsic(emit, nargs):
+    """An intrinsic of ``nargs`` (5, 7 or 10) intp arguments (addresses, strides, counts)
+    whose body ``emit`` writes."""
+    sig = types.void(*([types.intp] * nargs))
+    if nargs == 5:
+        def typer(typingctx, x0, x1, x2, x3, x4):
+            return sig, _codegen(emit)
+    elif nargs == 7:
+        def typer(typingctx, x0, x1, x2, x3, x4, x5, x6):
+            return sig, _codegen(emit)
+    else:
+        def typer(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
+            return sig, _codegen(emit)
+    return intrinsic(typer)
+
+
+def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
+    """C[ROWS, COLS] (row stride ldc floats) = fma(A[r, k], B[k, j], C[r, j]) for k < nk, with
+    A[r, k] at a_addr + 4·(r·sar + k·sak) and a packed (nk, COLS) B panel."""
     vfma = vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
     ptrs = _tile_pointers(builder, c_addr, ldc, ROWS, _VF32)
 
     def step(k, acc):
         b = panel_vectors(builder, b_addr, k)
-        a = panel_splats(builder, a_addr, k, ROWS)
+        a = panel_splats(builder, a_addr, k, ROWS, sar, sak)
         return [builder.call(vfma, [a[i // _VECS], b[i % _VECS], acc[i]]) for i in range(len(acc))]
     acc = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
     for p, value in zip(ptrs, acc):
         builder.store(value, p, align=4)
 
+
+def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
+    """:func:`_emit_fma_strided` on a packed (nk, ROWS) A panel."""
+    _emit_fma_strided(builder, c_addr, ldc, a_addr, 1, ROWS, b_addr, nk)
+
+
+_fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
+#: ``fma_tile_strided(c_addr, ldc, a_addr, sar, sak, b_addr, nk)``: :data:`fma_tile` with A read
+#: in place, A[r, k] at a_addr + 4·(r·sar + k·sak) (used by mpt.kernels.attention).
+fma_tile_strided = _fma_strided
+#: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
+#: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
+#: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
+fma_tile = _tile_intrinsic(_emit_fma, 5)
+
+
+# ---- the chunked block kernel (block_chain_packed) ---------------------------------------------
 
 def _emit_anchor(builder, anchor_addr, unused, pa_addr, pb_addr, nk):
     """anchor[BLOCK_ROWS, COLS] = max(anchor, pa[k, r]·pb[k, j]) over k = 0..nk-1."""
@@ -177,79 +225,117 @@ def _emit_sum(builder, total_addr, scale_addr, va_addr, vb_addr, nk):
         builder.store(value, p, align=4)
 
 
-_fma_tile = _tile_intrinsic(_emit_fma)
-_anchor_tile = _tile_intrinsic(_emit_anchor)
-_sum_tile = _tile_intrinsic(_emit_sum)
-#: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
-#: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
-#: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
-fma_tile = _fma_tile
+_anchor_tile = _tile_intrinsic(_emit_anchor, 5)
+_sum_tile = _tile_intrinsic(_emit_sum, 5)
 
 
 @njit(cache=True, parallel=True)
-def _pack_rows(a, out):
-    """out[z, it, k, r] = a[z, it·rows + r, k], 0 past the last row."""
-    nb, m, k = a.shape
-    mt, rows = out.shape[1], out.shape[3]
-    for t in prange(nb * mt):
-        z, it = t // mt, t % mt
-        for r in range(rows):
-            i = it * rows + r
+def _pack_values(bits, vout, along_k):
+    """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
+    along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
+    faster axis). Direct indexing, no row views: the copy loops vectorize."""
+    nb, nr, k = bits.shape
+    npanel, width = vout.shape[1], vout.shape[3]
+    for t in prange(nb * npanel):
+        z, p = t // npanel, t % npanel
+        w_n = min(width, nr - p * width)
+        r0 = p * width
+        if along_k:
+            for w in range(w_n):
+                for kk in range(k):
+                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
+        else:
             for kk in range(k):
-                out[z, it, kk, r] = a[z, i, kk] if i < m else 0
-
-
-@njit(cache=True, parallel=True)
-def _pack_cols(b, out):
-    """out[z, jt, k, w] = b[z, k, jt·COLS + w], 0 past the last column."""
-    nb, k, n = b.shape
-    nt = out.shape[1]
-    for t in prange(nb * nt):
-        z, jt = t // nt, t % nt
-        j0 = jt * COLS
-        w_n = min(COLS, n - j0)
+                for w in range(w_n):
+                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
         for kk in range(k):
-            out[z, jt, kk, :w_n] = b[z, kk, j0:j0 + w_n]
-            out[z, jt, kk, w_n:] = 0
+            for w in range(w_n, width):
+                vout[z, p, kk, w] = 0
+
+
+def along_k(x: np.ndarray) -> bool:
+    """Whether x (B, R, K) is laid out with K the faster axis (else R)."""
+    return abs(x.strides[2]) <= abs(x.strides[1])
+
+
+def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[z, p, k, w] = x[z, p·W + w, k], zero past R: panels of width W = out.shape[3] along
+    the axis R of x (B, R, K) (32-bit values, any strides: read in memory order, no copy)."""
+    if x.dtype.itemsize != 4 or out.dtype.itemsize != 4:
+        raise TypeError(f"pack_panels packs 32-bit values; got {x.dtype} into {out.dtype}")
+    _pack_values(x.view(np.uint32), out.view(np.uint32), along_k(x))
+    return out
 
 
 def pack_rows(a: np.ndarray, rows: int) -> np.ndarray:
-    """(B, M, K) -> (B, ceil(M/rows), K, rows): row panels, k-major, zero-padded."""
+    """(B, M, K) float32 (any strides) -> (B, ceil(M/rows), K, rows): row panels, k-major,
+    zero-padded."""
     nb, m, k = a.shape
-    out = np.empty((nb, -(-m // rows), k, rows), a.dtype)
-    _pack_rows(np.ascontiguousarray(a), out)
-    return out
+    return pack_panels(a, np.empty((nb, -(-m // rows), k, rows), a.dtype))
 
 
 def pack_cols(b: np.ndarray) -> np.ndarray:
-    """(B, K, N) -> (B, ceil(N/COLS), K, COLS): column panels, k-major, zero-padded."""
+    """(B, K, N) float32 (any strides) -> (B, ceil(N/COLS), K, COLS): column panels, k-major,
+    zero-padded."""
     nb, k, n = b.shape
-    out = np.empty((nb, -(-n // COLS), k, COLS), b.dtype)
-    _pack_cols(np.ascontiguousarray(b), out)
-    return out
+    return pack_panels(b.transpose(0, 2, 1), np.empty((nb, -(-n // COLS), k, COLS), b.dtype))
 
 
 @njit(cache=True, parallel=True)
-def fma_chain(ap, bp, acc, ia, ib, k0, k1):
+def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
     """acc[z] = FMA chain of A[ia[z]]·B[ib[z]] over k in [k0, k1), increasing k, onto acc[z].
 
-    ap: (Ba, Mt, K, ROWS) float32 from ``pack_rows(a, ROWS)``; bp: (Bb, Nt, K, COLS) float32
-    from :func:`pack_cols`; acc: (B, Mt·ROWS, Nt·COLS) float32, C-contiguous, in: c, out: D
-    (padding rows and columns are ignored). Tasks are (batch, column panel, 64 rows).
+    Row tile it of A (ROWS rows) is read in place from a (Ba, M, K) float32 (positive strides)
+    when it < a_direct, else from the packed panel ap[:, it − a_direct] ((Ba, ·, K, ROWS) from
+    ``pack_rows``); bp: (Bb, Nt, K, COLS) float32 from :func:`pack_cols`; acc: (B, Mt·ROWS,
+    Nt·COLS) float32, C-contiguous, in: c, out: D (padding rows and columns are ignored).
+    Tasks are (batch, column panel, 64 rows).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
-    mt, nt = ap.shape[1], bp.shape[1]
+    mt, nt = acc.shape[1] // ROWS, bp.shape[1]
+    sar, sak = a.strides[1] // 4, a.strides[2] // 4
     groups = (mt + ROW_TILES - 1) // ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        a_z, b_panel = ap[ia[z]], bp[ib[z], jt]
+        b_panel = bp[ib[z], jt]
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
             for it in range(g * ROW_TILES, min(mt, (g + 1) * ROW_TILES)):
-                _fma_tile(acc[z, it * ROWS:, jt * COLS:].ctypes.data, ldc,
-                          a_z[it, kc:].ctypes.data, b_panel[kc:].ctypes.data, nk)
+                c_addr = acc[z, it * ROWS:, jt * COLS:].ctypes.data
+                if it < a_direct:
+                    _fma_strided(c_addr, ldc, a[ia[z], it * ROWS:, kc:].ctypes.data, sar, sak,
+                                 b_panel[kc:].ctypes.data, nk)
+                else:
+                    fma_tile(c_addr, ldc, ap[ia[z], it - a_direct, kc:].ctypes.data,
+                             b_panel[kc:].ctypes.data, nk)
+
+
+def direct_rows(a: np.ndarray, rows: int) -> int:
+    """How many whole row tiles of A (B, M, K) float32 the kernels read in place: all of them,
+    unless a stride is negative or a row stride is a multiple of 4 KiB (then the ``rows``
+    streams of a tile would share cache sets: pack instead)."""
+    row_stride = max(a.strides[1:])
+    if min(a.strides[1:]) <= 0 or row_stride % 4096 == 0:
+        return 0
+    return a.shape[1] // rows
+
+
+@njit(cache=True, parallel=True)
+def fma_lanes(a, b, acc, ia, ib, k0, k1):
+    """The FMA chain of :func:`fma_chain` over k in [k0, k1) with one output per iteration, for
+    many small products that tiles would pad: acc[z, i, j] (float32 (B, M, N), in: c, out: D)
+    from a[ia[z], i, :] and b[ib[z], :, j] (float32, any strides). Same operations in the same
+    order per output."""
+    nb, m, n = acc.shape
+    for t in prange((nb * m * n + 255) // 256):
+        for d in range(t * 256, min(nb * m * n, (t + 1) * 256)):
+            z, i, j = d // (m * n), d // n % m, d % n
+            x = acc[z, i, j]
+            for k in range(k0, k1):
+                x = fma32(a[ia[z], i, k], b[ib[z], k, j], x)
+            acc[z, i, j] = x
 
 
 @njit(cache=True, parallel=True)

@@ -41,7 +41,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels.threads import one_thread
 
 __all__ = ["magnitude_range", "decode_terms", "block_chain", "exact_chain", "mul_add_chain",
-           "threads_for", "pow2_floor", "recip_pow2"]
+           "threads_for", "pow2_floor", "recip_pow2", "f32_bits", "f32_from_bits"]
 
 _PARALLEL_WORK = 1 << 18  # products below which waking worker threads costs more than it saves
 
@@ -73,6 +73,28 @@ def _from_bits(typingctx, x):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], context.get_value_type(types.float64))
     return types.float64(types.int64), codegen
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """The IEEE bit pattern of a float32 as uint32 (an LLVM bitcast)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def f32_from_bits(typingctx, x):
+    """The float32 whose IEEE bit pattern is the uint32 x (an LLVM bitcast)."""
+    if x != types.uint32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
 
 
 @njit(inline="always")
@@ -219,16 +241,19 @@ def block_chain(va, pa, vb, pb, acc, ia, ib, k0, k1, block, fraction_bits, zero_
     Parameters are the spec's: F = fraction_bits, 2^e_zero = zero_pow2, and the output format
     ``out`` = (2^emin, 2^-(p-1), max finite, round to nearest?).
 
-    This is the general path (any inputs, specials included). Finite operands whose non-zero
-    products have magnitudes in [2^-60, 2^60] take the register-blocked
-    ``mpt.kernels.gemm.block_chain_packed`` instead (16 float32/int32 lanes), exact for
-    the same reasons plus: a product of two values of at most 11 significant bits is exact in
-    float32 and its nominal product (> |a·b|/4 >= 2^-62) is a normal float32; a block with a
-    non-zero product then has E >= 2^-62 and a scale 2^(F-E) <= 2^87, so capping the scale at
-    2^88 (finite in float32) only touches blocks whose products are all 0; scaling by a power
-    of two is exact or underflows below 1, where truncation gives 0 anyway; and each truncated
-    term is an integer below 2^(F+2), so int32 holds the sum of 2^(29-F) of them (c's term and
-    the sum of a longer block's partial sums stay in float64).
+    This is the general path (any inputs, specials included). Finite operands in a window of
+    exponents, with block·2^(F+2) <= 2^31, take the register-blocked kernels of
+    ``mpt.kernels.block_gemm`` instead (float32/int32 lanes; exactness argued there). Other
+    finite operands whose non-zero products have magnitudes in [2^-60, 2^60] (Blackwell's
+    f8f6f4 blocks of 32 with F = 25, the scale-folded block-scaled operands) take
+    ``mpt.kernels.gemm.block_chain_packed`` (16 float32/int32 lanes), exact for the same reasons
+    plus: a product of two values of at most 11 significant bits is exact in float32 and its
+    nominal product (> |a·b|/4 >= 2^-62) is a normal float32; a block with a non-zero product
+    then has E >= 2^-62 and a scale 2^(F-E) <= 2^87, so capping the scale at 2^88 (finite in
+    float32) only touches blocks whose products are all 0; scaling by a power of two is exact
+    or underflows below 1, where truncation gives 0 anyway; and each truncated term is an
+    integer below 2^(F+2), so int32 holds the sum of 2^(29-F) of them (c's term and the sum of
+    a longer block's partial sums stay in float64).
     Tasks are (batch, 32x64 output tiles); each output element is computed by one thread in a
     fixed order, so the bits do not depend on threads.
     """

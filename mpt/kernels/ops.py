@@ -15,7 +15,10 @@ outputs, never one sum):
 * **Transcendentals** (exp, log, tanh, erf, …) are evaluated in float64 with Numba's ``math``
   functions (the platform libm, < 1 ulp of float64) and rounded once (RNE) to the work dtype: for
   float32 results this is deterministic unless a float64 error straddles a float32 rounding
-  boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations.
+  boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
+  float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
+  vectorized float64 tanh, and libm's wherever the two could round differently
+  (:mod:`mpt.kernels.tanh_ops`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.fma import fma64_chain
+from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
+from mpt.kernels.tanh_ops import TANH_OPS as _TANH_OPS
+from mpt.kernels.tanh_ops import fast_backward, fast_forward, fix_forward, libm_df64, libm_f64
 from mpt.kernels.threads import one_thread
 
 __all__ = [
@@ -315,8 +321,6 @@ UNARY_OPS = {"exp": 0, "log": 1, "tanh": 2, "sigmoid": 3, "gelu": 4, "gelu_tanh"
 
 _SQRT_HALF = 0.7071067811865476           # 1/sqrt(2) rounded to float64
 _INV_SQRT_2PI = 0.3989422804014327        # 1/sqrt(2*pi)
-_SQRT_2_OVER_PI = 0.7978845608028654      # sqrt(2/pi)
-_GELU_C = 0.044715                        # tanh-approximation coefficient (Hendrycks & Gimpel)
 
 
 @njit(inline="always")
@@ -326,15 +330,9 @@ def _f64(op, v):
         return math.exp(v)
     if op == 1:
         return math.log(v) if v > 0.0 else (-math.inf if v == 0.0 else math.nan)
-    if op == 2:
-        return math.tanh(v)
-    if op == 3:
-        return 0.5 * math.tanh(0.5 * v) + 0.5  # sigmoid without overflow in exp
     if op == 4:
         return 0.5 * v * (1.0 + math.erf(v * _SQRT_HALF))
-    if op == 5:
-        return 0.5 * v * (1.0 + math.tanh(_SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)))
-    return v * (0.5 * math.tanh(0.5 * v) + 0.5)
+    return libm_f64(op, v)
 
 
 @njit(inline="always")
@@ -342,34 +340,54 @@ def _df64(op, v):
     """f'(v) in float64 for gelu (4), gelu_tanh (5), silu (6)."""
     if op == 4:
         return 0.5 * (1.0 + math.erf(v * _SQRT_HALF)) + v * _INV_SQRT_2PI * math.exp(-0.5 * v * v)
-    if op == 5:
-        u = _SQRT_2_OVER_PI * (v + _GELU_C * v * v * v)
-        t = math.tanh(u)
-        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)
-        return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du
-    s = 0.5 * math.tanh(0.5 * v) + 0.5
-    return s * (1.0 + v * (1.0 - s))
+    return libm_df64(op, v)
 
 
 @sized
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def unary(x, op):
     """``out = f(x)`` for the ``UNARY_OPS`` code ``op``: f evaluated in float64 from the exact
-    input, rounded once (RNE) to x's dtype. x: 1-D float32/float64."""
+    input, rounded once (RNE) to x's dtype. x: 1-D float32/float64. Float32 tanh ops run
+    vectorized with the same bits (:mod:`mpt.kernels.tanh_ops`)."""
     out = np.empty_like(x)
-    for i in prange(x.size):
-        out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
+    if x.itemsize != 4 or op not in _TANH_OPS:
+        for i in prange(x.size):
+            out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
+        return out
+    for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
+        lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        if op == 2:
+            if fast_forward(x, out, lo, hi, 2):
+                fix_forward(x, out, lo, hi, 2)
+        elif op == 3:
+            if fast_forward(x, out, lo, hi, 3):
+                fix_forward(x, out, lo, hi, 3)
+        elif op == 5:
+            if fast_forward(x, out, lo, hi, 5):
+                fix_forward(x, out, lo, hi, 5)
+        elif fast_forward(x, out, lo, hi, 6):
+            fix_forward(x, out, lo, hi, 6)
     return out
 
 
 @sized
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def unary_backward(x, g, op):
     """``gx = g·f'(x)``: f' evaluated in float64, the product in float64, rounded once to the
-    work dtype. x, g: 1-D of one dtype; op: gelu (4), gelu_tanh (5), silu (6)."""
+    work dtype. x, g: 1-D of one dtype; op: gelu (4), gelu_tanh (5), silu (6). Float32
+    gelu_tanh and silu run vectorized with the same bits (:mod:`mpt.kernels.tanh_ops`)."""
     out = np.empty_like(x)
-    for i in prange(x.size):
-        out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
+    if x.itemsize != 4 or op not in _TANH_OPS:
+        for i in prange(x.size):
+            out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
+        return out
+    for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
+        lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        if op == 5:
+            if fast_backward(x, g, out, lo, hi, 5, False):
+                fast_backward(x, g, out, lo, hi, 5, True)
+        elif fast_backward(x, g, out, lo, hi, 6, False):
+            fast_backward(x, g, out, lo, hi, 6, True)
     return out
 
 

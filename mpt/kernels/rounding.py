@@ -56,12 +56,14 @@ from collections import namedtuple
 import numpy as np
 from numba import njit, prange
 
+from mpt.kernels.mma import f32_bits, f32_from_bits
 from mpt.kernels.random import BLOCK, CHUNK, fill_words
 
 __all__ = [
     "RNE", "RNA", "RZ", "RU", "RD", "SR", "MODE_CODES",
     "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source",
     "round_bits", "round_bits_words", "round_bits_philox", "specialised", "decode_bits",
+    "widen_fp16", "widen_bf16", "narrow_bf16",
 ]
 
 RNE, RNA, RZ, RU, RD, SR = 0, 1, 2, 3, 4, 5
@@ -434,3 +436,42 @@ def round_spec(fmt, src_dtype, *, saturate=False, subnormals=True, rbits=32):
     spec.update(rebias=(sb - (1 - emin)) << spec["m"] if has_zero else (sb + emin) << spec["m"],
                 subpath=int(has_zero and emin > 1 - sb), minnorm=(emin + sb) << sm)
     return RoundSpec(**{k: np.int64(v) for k, v in spec.items()})
+
+
+@njit(cache=True)
+def widen_fp16(h, out):
+    """out = the float32 bit patterns of fp16 bit patterns h (both (n,), uint16/uint32), exactly
+    as IEEE conversion gives them (NaN payloads shifted up 13 bits). The magnitude bits moved up
+    13 places are the value times 2^-112 for every finite fp16 (normal and subnormal), so one
+    float32 multiply by 2^112 rebiases it exactly; exponent field 31 (Inf, NaN) maps to 255.
+    Branch-free, so that the loop vectorizes."""
+    for i in range(h.size):
+        x = np.uint32(h[i])
+        mag = np.uint32((x & np.uint32(0x7FFF)) << np.uint32(13))
+        finite = f32_bits(f32_from_bits(mag) * np.float32(2.0**112))
+        special = mag | np.uint32(0x70000000)            # exponent field 31 -> 255
+        bits = special if (x & np.uint32(0x7C00)) == np.uint32(0x7C00) else finite
+        out[i] = bits | ((x & np.uint32(0x8000)) << np.uint32(16))
+
+
+@njit(cache=True)
+def widen_bf16(h, out):
+    """out = the float32 bit patterns of bf16 bit patterns h ((n,) uint16 -> (n,) uint32): the
+    top half of a float32 (signalling NaNs stay as they are)."""
+    for i in range(h.size):
+        out[i] = np.uint32(h[i]) << np.uint32(16)
+
+
+@njit(cache=True)
+def narrow_bf16(x, out):
+    """out = bf16 bit patterns of float32 bit patterns x ((n,) uint32 -> (n,) uint16), rounded
+    to nearest-even: adding 0x7FFF plus the kept parity bit carries exactly when the dropped
+    half is above a tie, or a tie next to an odd value (a carry out of the fraction is the next
+    binade, out of the largest finite value Inf). NaNs give the quiet NaN 0x7FC0 with their
+    sign, as ml_dtypes' cast and ``mpt.round`` do. Branch-free, so that the loop vectorizes."""
+    for i in range(x.size):
+        b = x[i]
+        rounded = (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        nan = (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        out[i] = np.uint16(((b >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
+                           if nan else rounded)

@@ -1,0 +1,301 @@
+"""L1: the operands of the block model's tile kernels (:mod:`mpt.kernels.block_gemm`): exponent
+ranges, anchor codes and packed panels.
+
+The tile kernels take float32 values and, per value, a uint8 anchor code of its nominal
+exponent (the exponent field, at least the format's emin: a subnormal takes emin). A's codes
+are u = ea + s_a, B's v = s_b − eb (``tile_params`` chooses the shifts s_a, s_b); a zero is
+coded 0 in A and 255 in B. This module finds what ``tile_params`` needs — whether the operands
+are finite and the range of the nominal exponents ea + eb of their non-zero products
+(:func:`operand_ranges`, :func:`product_range`) — and packs the operands with their codes:
+8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
+one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
+(:func:`tile_pack_fields`, :func:`tile_codes`). Exact: values are copied bit for bit; exponents
+are integer fields. Unsigned, select-free arithmetic throughout, so that the loops vectorize.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
+from mpt.kernels.gemm import along_k, pack_panels
+from mpt.kernels.mma import f32_bits, f32_from_bits
+
+__all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
+           "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack_fields", "tile_codes"]
+
+_NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
+_NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
+
+
+@njit(inline="always")
+def _field(x, field_min):
+    """The nominal exponent of a float32 pattern x (uint32) as a biased field, at least
+    ``field_min`` = emin + 127 (a float32 subnormal takes the format's emin), and whether x is
+    non-zero (the sign shifted out)."""
+    return max((x >> np.uint32(23)) & np.uint32(0xFF), field_min), \
+        np.uint32(x << np.uint32(1)) != np.uint32(0)
+
+
+@njit(inline="always")
+def _widen(low, high, x, field_min):
+    """(low, high) widened by the nominal exponent field of x if x is non-zero (select-free, so
+    that reductions vectorize)."""
+    f, nonzero = _field(x, field_min)
+    mask = np.uint32(0) - np.uint32(nonzero)                  # all ones for a non-zero x
+    return min(low, f | (np.uint32(_NONE_LO) & ~mask)), max(high, f & mask)
+
+
+@njit(cache=True, parallel=True)
+def _ranges_k(bits, field_min, lo, hi):
+    """lo/hi[t, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] over the
+    batches z ≡ t (mod T = lo.shape[0]) (_NONE_LO / 0 if none; 255: Inf or NaN). bits: (B, R,
+    K) uint32, contiguous along K. (Direct indexing, no row views: the loops vectorize.)"""
+    nb, nr, k = bits.shape
+    tasks = lo.shape[0]
+    for t in prange(tasks):
+        for z in range(t, nb, tasks):
+            for i in range(nr):
+                for kk in range(k):
+                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk], bits[z, i, kk],
+                                                  field_min)
+
+
+@njit(cache=True, parallel=True)
+def _ranges_r(bits, field_min, lo, hi):
+    """As :func:`_ranges_k` for bits contiguous along R."""
+    nb, nr, k = bits.shape
+    tasks = lo.shape[0]
+    for t in prange(tasks):
+        for z in range(t, nb, tasks):
+            for kk in range(k):
+                low, high = lo[t, kk], hi[t, kk]
+                for i in range(nr):
+                    low, high = _widen(low, high, bits[z, i, kk], field_min)
+                lo[t, kk], hi[t, kk] = low, high
+
+
+@njit(inline="always")
+def _code_a(x, field_min, shift):
+    """A's anchor code of the float32 pattern x: max(field + shift, 0), 0 for a zero; the byte
+    four times in a uint32."""
+    f, nonzero = _field(x, field_min)
+    code = max(np.int32(f) + shift, np.int32(0))
+    return (np.uint32(code) if nonzero else np.uint32(0)) * np.uint32(0x01010101)
+
+
+@njit(inline="always")
+def _code_b(x, field_min, shift):
+    """B's anchor code of the float32 pattern x: min(shift − field, 255), 255 for a zero."""
+    f, nonzero = _field(x, field_min)
+    code = min(shift - np.int32(f), np.int32(255))
+    return np.uint8(code) if nonzero else np.uint8(255)
+
+
+@njit(cache=True)
+def _codes_a(values, field_min, shift, eout):
+    """eout = A's anchor code (:func:`_code_a`) of each packed value (uint32 patterns)."""
+    flat, codes = values.reshape(-1), eout.reshape(-1)
+    for i in range(flat.size):
+        codes[i] = _code_a(flat[i], field_min, shift)
+
+
+@njit(cache=True)
+def _codes_b(values, field_min, shift, eout):
+    """eout = B's anchor code (:func:`_code_b`) of each packed value (uint32 patterns)."""
+    flat, codes = values.reshape(-1), eout.reshape(-1)
+    for i in range(flat.size):
+        codes[i] = _code_b(flat[i], field_min, shift)
+
+
+def operand_ranges(a, b, emin_a, emin_b):
+    """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
+    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 (any strides). The
+    product range is exact for one batch element: min over k of (lowest over column k of A +
+    lowest over row k of B), and so on."""
+    out = []
+    for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
+        tasks = min(x.shape[0], 8)
+        lo = np.full((tasks, x.shape[2]), _NONE_LO, np.uint32)
+        hi = np.zeros((tasks, x.shape[2]), np.uint32)
+        (_ranges_k if along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
+                                                  lo, hi)
+        out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
+    (la, ha), (lb, hb) = out
+    if max(ha.max(initial=0), hb.max(initial=0)) == 0xFF:
+        return False, None
+    both = (ha > 0) & (hb > 0)                         # k with a non-zero product
+    lowest = int((la + lb)[both].min(initial=_NO_EXP)) - 254
+    highest = int((ha + hb)[both].max(initial=-_NO_EXP)) - 254
+    return True, (lowest, highest, int(ha.max(initial=0)) - 127, int(hb.max(initial=0)) - 127)
+
+
+def pack_block_rows(a: np.ndarray, emin: int, shift: int):
+    """A (B, M, K) float32 (any strides) -> (values (B, Mt, K, BLOCK_ROWS) float32, anchor codes
+    (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each byte four times);
+    ``shift``: s_a of :func:`tile_params`."""
+    nb, m, k = a.shape
+    mt = -(-m // BLOCK_ROWS)
+    values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
+    codes = np.empty((nb, mt, k, BLOCK_ROWS), np.uint32)
+    pack_panels(a, values)
+    _codes_a(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127), codes)
+    return values, codes
+
+
+def pack_block_cols(b: np.ndarray, emin: int, shift: int):
+    """B (B, K, N) float32 (any strides) -> (values (B, Nt, K, BLOCK_COLS) float32, anchor codes
+    (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros); ``shift``: s_b of
+    :func:`tile_params` (>= every eb)."""
+    nb, k, n = b.shape
+    nt = -(-n // BLOCK_COLS)
+    values = np.empty((nb, nt, k, BLOCK_COLS), np.float32)
+    codes = np.empty((nb, nt, k, BLOCK_COLS), np.uint8)
+    pack_panels(b.transpose(0, 2, 1), values)
+    _codes_b(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127), codes)
+    return values, codes
+
+
+def finite_range(x):
+    """(every value finite?, largest magnitude, smallest non-zero magnitude (inf if none)) of a
+    C-contiguous float32 array."""
+    bits = x.reshape(-1).view(np.uint32)
+    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    return _as_range(*_flat_magnitudes(bits, top, low))
+
+
+@njit(inline="always")
+def _widen_magnitudes(top, low, bits):
+    """(top, low) widened by the float32 pattern bits: the largest magnitude pattern and the
+    smallest non-zero one minus 1, each doubled (the sign shifted out). Unsigned arithmetic, so
+    that loops vectorize: magnitude bits order like magnitudes (NaNs above Inf), and a zero's
+    0 − 1 wraps above every other."""
+    m = np.uint32(bits << np.uint32(1))
+    return max(top, m), min(low, np.uint32(m - np.uint32(1)))
+
+
+@njit(cache=True)
+def _flat_magnitudes(bits, top, low):
+    """:func:`_widen_magnitudes` over the (n,) uint32 patterns bits."""
+    for i in range(bits.size):
+        top, low = _widen_magnitudes(top, low, bits[i])
+    return top, low
+
+
+@njit(cache=True)
+def _as_range(top, low):
+    """(finite?, largest, smallest non-zero magnitude (inf if none)) from the (top, low) of
+    :func:`_widen_magnitudes`."""
+    top = np.uint32(top >> np.uint32(1))
+    low = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
+    finite = top < np.uint32(0x7F800000)
+    smallest = np.float64(f32_from_bits(low)) if low != 0 else np.inf
+    return finite, np.float64(f32_from_bits(top)) if finite else np.inf, smallest
+
+
+# ---- one tile GEMM at a time (mpt.kernels.attention) ------------------------------------------
+
+@njit(cache=True)
+def product_range(lo_a, hi_a, lo_b, hi_b):
+    """(all finite?, lowest, highest nominal exponent ea + eb of a non-zero product, highest
+    non-zero exponent of A, of B) from per-k ranges of biased exponent fields."""
+    lowest, highest, top_a, top_b = _NO_EXP, -_NO_EXP, 0, 0
+    for kk in range(lo_a.size):
+        top_a, top_b = max(top_a, np.int64(hi_a[kk])), max(top_b, np.int64(hi_b[kk]))
+        if hi_a[kk] > 0 and hi_b[kk] > 0:
+            lowest = min(lowest, np.int64(lo_a[kk]) + np.int64(lo_b[kk]) - 254)
+            highest = max(highest, np.int64(hi_a[kk]) + np.int64(hi_b[kk]) - 254)
+    return max(top_a, top_b) < 0xFF, lowest, highest, top_a - 127, top_b - 127
+
+
+# ---- many small products: one dot product per lane --------------------------------------------
+
+@njit(cache=True, parallel=True)
+def _pack_lanes(a, b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va, ea, vb, eb):
+    """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
+    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros)."""
+    m, n, k = a.shape[1], b.shape[2], a.shape[2]
+    total = ia.size * m * n
+    for p in prange(va.shape[0]):
+        w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
+        za, zb = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
+        rows, cols = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
+        for w in range(w_n):
+            d = p * BLOCK_COLS + w
+            z = d // (m * n)
+            za[w], zb[w], rows[w], cols[w] = ia[z], ib[z], d // n % m, d % n
+        for w in range(w_n):
+            for kk in range(k):
+                va[p, kk, w], vb[p, kk, w] = a[za[w], rows[w], kk], b[zb[w], kk, cols[w]]
+        for kk in range(k):
+            for w in range(w_n, BLOCK_COLS):
+                va[p, kk, w], vb[p, kk, w] = 0, 0
+            for w in range(BLOCK_COLS):
+                ea[p, kk, w] = np.uint8(_code_a(va[p, kk, w], field_min_a, shift_a) &
+                                        np.uint32(0xFF))
+                eb[p, kk, w] = _code_b(vb[p, kk, w], field_min_b, shift_b)
+
+
+def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
+    """A (Ba, M, K) and B (Bb, K, N) float32 (any strides) of a broadcast batch (ia, ib) as
+    lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes B), each
+    (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS); ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    k = a.shape[2]
+    npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
+    va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
+    ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
+    _pack_lanes(a.view(np.uint32), b.view(np.uint32), ia, ib, np.uint32(emin_a + 127),
+                np.uint32(emin_b + 127), np.int32(shifts[0] - 127), np.int32(shifts[1] + 127),
+                va.view(np.uint32), ea, vb.view(np.uint32), eb)
+    return va, ea, vb, eb
+
+
+@njit(cache=True)
+def tile_pack_fields(x, field_min, vout, fields, lo, hi):
+    """One pass over x (R, K) float32 (any strides) for a tile call: panels of width W =
+    vout.shape[2] along its rows, vout[p, k, w] = x[p·W + w, k] (0 past R), the nominal
+    exponent field of each non-zero value in fields (uint8; 0 for zeros and padding), and
+    lo/hi[k] widened by them (see :func:`_ranges_k`). Returns the number of panels."""
+    nr, k = x.shape
+    width = vout.shape[2]
+    npanel = (nr + width - 1) // width
+    for p in range(npanel):
+        w_n = min(width, nr - p * width)
+        for kk in range(k):
+            low, high = lo[kk], hi[kk]
+            for w in range(width):
+                v = np.float32(x[p * width + w, kk]) if w < w_n else np.float32(0.0)
+                bits = f32_bits(v)
+                vout[p, kk, w] = v
+                f, nonzero = _field(bits, field_min)
+                fields[p, kk, w] = np.uint8(f) if nonzero else np.uint8(0)
+                low, high = _widen(low, high, bits, field_min)
+            lo[kk], hi[kk] = low, high
+    return npanel
+
+
+@njit(cache=True)
+def tile_codes(fields, npanel, k, shift, eout):
+    """Anchor codes from the fields of :func:`tile_pack_fields`: A's (uint32 eout, ``shift`` =
+    s_a − 127: max(field + shift, 0) four times, 0 for zeros) or B's (uint8 eout, ``shift`` =
+    s_b + 127: min(shift − field, 255), 255 for zeros)."""
+    for p in range(npanel):
+        for kk in range(k):
+            for w in range(fields.shape[2]):
+                f = np.int32(fields[p, kk, w])
+                if eout.itemsize == 4:
+                    code = max(f + shift, np.int32(0))
+                    eout[p, kk, w] = np.uint32(code if f != 0 else 0) * np.uint32(0x01010101)
+                else:
+                    code = min(shift - f, np.int32(255))
+                    eout[p, kk, w] = np.uint8(code if f != 0 else 255)
+
+
+@njit(cache=True)
+def finite_range_2d(c):
+    """:func:`finite_range` of a 2-D float32 array of any strides (from njit code)."""
+    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    for r in range(c.shape[0]):
+        for j in range(c.shape[1]):
+            top, low = _widen_magnitudes(top, low, f32_bits(np.float32(c[r, j])))
+    return _as_range(top, low)

@@ -1,0 +1,275 @@
+"""The fast kernels of mpt.mma / mpt.gemm give the bits of the general kernels and of the oracle.
+
+The block model runs on three kernels (``BlockOperands.mode``): register-blocked 8x64 tiles,
+one dot product per lane (many small products), or the general float64 kernel. The fast ones
+keep the general one's bits for every input they take, and hand the call back to it where
+their window ends (non-finite operands, products or accumulators out of range, an int32
+overflow of a block sum, a tiny accumulator, an FP16 overflow). Here: each kernel is taken on
+purpose (the mode is asserted), and compared with the general kernel (an Inf in an extra batch
+element sends the whole call there) or with the exact-rational oracle.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import njit
+
+import mpt
+from mpt.engines.nvidia import BlockOperands
+from mpt.formats import get_format
+from mpt.kernels import block_gemm as K
+from mpt.kernels import gemm as G
+from mpt.kernels.rounding import narrow_bf16, widen_bf16, widen_fp16
+from mpt.reference.mma import mma_reference
+
+BF16 = ml_dtypes.bfloat16
+
+
+def _bits(x):
+    return x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
+
+
+def _operands(model, a, b, out="fp32"):
+    model = mpt.get_mma_model(model)
+    fa, fb = (get_format(x.dtype).name for x in (a, b))
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return BlockOperands(model, model.config(fa, fb), a, b, (fa, fb), out, batch)
+
+
+def _mode(model, a, b, out="fp32"):
+    """The kernel BlockOperands picks for a·b (a, b with leading batch dimensions)."""
+    return _operands(model, a, b, out).mode
+
+
+def _raises_flag(model, a, b, c, out="fp32"):
+    """Whether the fast kernel, run alone on a·b + c, raises its flag."""
+    ops = _operands(model, a, b, out)
+    return bool(ops._fast(ops.new_acc(c), 0, ops.k))
+
+
+def _general(a, b, c, model, out="fp32"):
+    """mpt.mma on the general kernel: an Inf in an extra batch element sends the call there."""
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+
+    def flat(x):
+        return np.broadcast_to(x, batch + x.shape[-2:]).reshape((-1,) + x.shape[-2:])
+    spoiled = np.concatenate([flat(a), np.full((1,) + a.shape[-2:], np.inf,
+                                               np.float32).astype(a.dtype)])
+    bb = np.concatenate([flat(b), flat(b)[:1]])
+    cc = None if c is None else np.concatenate([flat(c), flat(c)[:1]])
+    d = mpt.mma(spoiled, bb, cc, model=model, out_format=out)[:-1]
+    return d.reshape(batch + d.shape[-2:])
+
+
+def _oracle(a, b, c, model, out="fp32"):
+    """The exact-rational oracle on one 2-D product."""
+    fa, fb = (get_format(x.dtype).name for x in (a, b))
+    cfg = mpt.get_mma_model(model).config(fa, fb)
+    rounding, e_zero = cfg.output(out)
+    spec = {"kind": "block", "block": cfg.block, "fraction_bits": cfg.fraction_bits,
+            "e_zero": e_zero, "rounding": rounding}
+    if c is None:
+        c = np.zeros((a.shape[0], b.shape[1]), np.float32 if out == "fp32" else np.float16)
+    want = mma_reference(_bits(a).tolist(), _bits(b).tolist(), _bits(c).tolist(), spec, fa, fb)
+    return np.array(want, np.uint32 if out == "fp32" else np.uint16)
+
+
+CASES = [("hopper", np.float16, "fp32"), ("hopper", BF16, "fp32"), ("blackwell", BF16, "fp32"),
+         ("ampere", np.float16, "fp32"), ("ada", ml_dtypes.float8_e4m3fn, "fp32"),
+         ("hopper", ml_dtypes.float8_e5m2, "fp32"), ("volta", np.float16, "fp32"),
+         ("hopper", np.float16, "fp16"), ("ampere", BF16, "fp32")]
+
+
+@pytest.mark.parametrize("model, dtype, out", CASES)
+def test_tiles_equal_the_general_kernel(model, dtype, out):
+    """Tiles: edges, both orientations, batches, transposed (strided) operands, a c."""
+    rng = np.random.default_rng(11)
+    for m, k, n in [(37, 70, 45), (9, 33, 300), (130, 40, 70), (64, 96, 64)]:
+        a = (rng.standard_normal((2, m, k)) * 4).astype(np.float32).astype(dtype)
+        b = rng.standard_normal((k, n)).astype(np.float32).astype(dtype)
+        c = rng.standard_normal((2, m, n)).astype(np.float32)
+        if out == "fp16":
+            c = c.astype(np.float16)
+        for bb in (b, np.asfortranarray(b)):
+            assert _mode(model, a, bb, out) == "tiles"
+            fast = mpt.mma(a, bb, c, model=model, out_format=out)
+            assert np.array_equal(_bits(fast), _bits(_general(a, bb, c, model, out)))
+
+
+@pytest.mark.parametrize("model, dtype, out", CASES)
+def test_lanes_equal_the_general_kernel(model, dtype, out):
+    """Lanes: many small products (broadcast batches included) in one call."""
+    rng = np.random.default_rng(12)
+    for batch, m, k, n in [((300,), 1, 16, 1), ((7, 5), 2, 40, 3), ((65,), 3, 5, 2)]:
+        a = rng.standard_normal(batch + (m, k)).astype(np.float32).astype(dtype)
+        b = rng.standard_normal((batch[-1], k, n)).astype(np.float32).astype(dtype)
+        c = rng.standard_normal(batch + (m, n)).astype(np.float32)
+        if out == "fp16":
+            c = c.astype(np.float16)
+        assert _mode(model, a, b, out) == "lanes"
+        fast = mpt.mma(a, b, c, model=model, out_format=out)
+        assert np.array_equal(_bits(fast), _bits(_general(a, b, c, model, out)))
+
+
+def test_block_sum_overflow_falls_back_exactly():
+    """Hopper fp16 (L = 16, F = 25): 16 products of 2047/1024 squared (anchor 2^0, terms just
+    below 2^27) and a c of the same sign below 2 (its term near 2^26) sum past 2^31 in int32;
+    the kernel flags it and the call ends on the general kernel."""
+    top = np.float16(2047 / 1024)
+    a = np.full((1, 16), top, np.float16)
+    b = np.full((16, 1), top, np.float16)
+    c = np.array([[float(top)]], np.float32)
+    assert _mode("hopper", a, b) == "lanes" and _raises_flag("hopper", a, b, c)
+    assert _bits(mpt.mma(a, b, c, model="hopper")).tolist() == _oracle(a, b, c, "hopper").tolist()
+    big_a, big_b = np.tile(a, (8, 1)), np.tile(b, (1, 64))
+    assert _mode("hopper", big_a, big_b) == "tiles"
+    big_c = np.full((8, 64), c[0, 0], np.float32)
+    assert _raises_flag("hopper", big_a, big_b, big_c)
+    d = mpt.mma(big_a, big_b, big_c, model="hopper")
+    assert np.all(_bits(d) == _oracle(a, b, c, "hopper")[0, 0])
+
+
+def test_tiny_accumulator_falls_back_exactly():
+    """bf16 products near 2^-100 that cancel to a c below 2^(F−125), then a block without
+    products: the kernel flags the tiny c (F = 25, window from 2^-100) and the general kernel
+    gives the oracle's bits."""
+    x = np.float32(2.0**-50)
+    a = np.zeros((1, 32), BF16)
+    b = np.zeros((32, 1), BF16)
+    a[0, :2] = [x, -x * (1 + 2.0**-7)]
+    b[:2, 0] = [x, x]
+    assert _mode("hopper", a, b) == "lanes" and _raises_flag("hopper", a, b, None)
+    want = _oracle(a, b, None, "hopper")
+    assert _bits(mpt.mma(a, b, model="hopper")).tolist() == want.tolist()
+
+
+def test_fp16_accumulation_overflow_falls_back_exactly():
+    """RNE-FP16 output past 65504 is Inf, which the next block cannot take: flag, fallback."""
+    a = np.full((1, 32), 200.0, np.float16)
+    b = np.full((32, 1), 200.0, np.float16)
+    c = np.zeros((1, 1), np.float16)
+    assert _raises_flag("hopper", a, b, c, "fp16")
+    want = _oracle(a, b, c, "hopper", "fp16")
+    assert _bits(mpt.mma(a, b, c, model="hopper")).tolist() == want.tolist()
+
+
+def test_out_of_window_operands_take_the_general_kernel():
+    """Products beyond 2^E_MAX or below the RZ window, and non-finite operands, are not taken
+    by the fast kernels (and still give the oracle's bits)."""
+    for scale in (2.0**60, 2.0**-70):
+        a = np.full((1, 8, 16), scale, np.float32).astype(BF16)
+        b = np.full((1, 16, 64), scale, np.float32).astype(BF16)
+        assert _mode("hopper", a, b) == "general"
+        d = mpt.mma(a, b, model="hopper")
+        assert np.all(_bits(d) == _oracle(a[0, :1], b[0, :, :1], None, "hopper")[0, 0])
+    a = np.ones((1, 8, 16), np.float16)
+    a[0, 3, 5] = np.inf
+    assert _mode("hopper", a, np.ones((1, 16, 64), np.float16)) == "general"
+
+
+def test_portable_round_toward_zero_equals_the_x86_one():
+    """The RZ output without AVX-512's embedded rounding (the lzcnt mask) gives the same bits:
+    a lanes kernel built with X86_ROUNDING off, on random sums of every magnitude."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((4096, 1, 16)).astype(np.float32).astype(np.float16)
+    b = (rng.standard_normal((4096, 16, 1)) * 2.0 ** rng.integers(-8, 8, (4096, 1, 1))
+         ).astype(np.float32).astype(np.float16)
+    want = mpt.mma(a, b, model="hopper")
+    saved = K.X86_ROUNDING
+    try:
+        K.X86_ROUNDING = False
+        portable = K._dispatcher(lanes=True)
+    finally:
+        K.X86_ROUNDING = saved
+    kernel = njit(_lanes_driver(portable))
+    ops_model = mpt.get_mma_model("hopper")
+    ops = BlockOperands(ops_model, ops_model.config("fp16", "fp16"), a, b, ("fp16", "fp16"),
+                        "fp32", (4096,))
+    assert ops.mode == "lanes"
+    prm = ops.prm.copy()
+    prm[K.P_KEEP] = (1 << (32 - 24)) - 1            # the portable meaning of P_KEEP
+    acc = ops.new_acc()
+    assert not kernel(*ops.a, acc, 0, 16, prm, ops.variant)
+    assert np.array_equal(_bits(ops.values(acc)).reshape(want.shape), _bits(want))
+
+
+def _lanes_driver(run):
+    """block_chain_lanes on another variant dispatcher (serial, uncached)."""
+    def driver(vap, eap, vbp, ebp, acc, k0, k1, prm, variant):
+        flags = np.zeros(vap.shape[0], np.int32)
+        for p in range(vap.shape[0]):
+            scratch = np.empty(K.SCRATCH_WORDS, np.int32)
+            run(variant, (acc[p * K.BLOCK_COLS:].ctypes.data, 0, vap[p, k0:].ctypes.data,
+                          eap[p, k0:].ctypes.data, vbp[p, k0:].ctypes.data,
+                          ebp[p, k0:].ctypes.data, k1 - k0, prm.ctypes.data,
+                          scratch.ctypes.data, flags[p:].ctypes.data))
+        return flags.any()
+    return driver
+
+
+@pytest.mark.parametrize("shape", [(37, 70, 45), (1024, 64, 40), (2048, 8, 2)])
+def test_fma_operand_layouts_agree(shape):
+    """ieee_fma: A read in place (row- or column-major) or packed (a 4 KiB row stride), B packed
+    from either layout — the same bits (the oracle check of the chain is test_mma_gemm's)."""
+    m, k, n = shape
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    want = mpt.mma(a, b, model="ieee_fma")
+    wide = np.zeros((m, 1024), np.float32)
+    wide[:, :k] = a                                    # row stride 4 KiB: A is packed
+    for x in (np.asfortranarray(a), wide[:, :k]):
+        for y in (b, np.asfortranarray(b)):
+            assert np.array_equal(_bits(mpt.mma(x, y, model="ieee_fma")), _bits(want))
+
+
+def test_fma_lanes_equal_tiles():
+    """Batches of small ieee_fma products (one output per iteration) equal the tile kernel."""
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((500, 2, 24)).astype(np.float32)
+    b = rng.standard_normal((500, 24, 3)).astype(np.float32)
+    c = rng.standard_normal((500, 2, 3)).astype(np.float32)
+    small = mpt.mma(a, b, c, model="ieee_fma")
+    for z in (0, 17, 499):
+        big = mpt.mma(np.tile(a[z], (8, 1)), np.tile(b[z], (1, 32)), np.tile(c[z], (8, 32)),
+                      model="ieee_fma")
+        assert np.array_equal(_bits(small[z]), _bits(big[:2, :3]))
+
+
+# ---- exact conversions ----------------------------------------------------------------------
+
+def test_widening_every_16_bit_pattern():
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    out = np.empty(h.size, np.uint32)
+    with np.errstate(invalid="ignore"):
+        widen_fp16(h, out)
+        assert np.array_equal(out, h.view(np.float16).astype(np.float32).view(np.uint32))
+        widen_bf16(h, out)
+        assert np.array_equal(out, h.astype(np.uint32) << 16)
+
+
+def test_narrow_bf16_equals_mpt_round():
+    """RNE to bf16 from float32 patterns: every exponent and sign with random fractions, the
+    ties, the largest finite values, Inf and NaNs; against mpt.round (and ml_dtypes)."""
+    rng = np.random.default_rng(16)
+    x = rng.integers(0, 1 << 32, 1 << 21, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 1 << 16, 4096, dtype=np.uint64).astype(np.uint32) << 16) | 0x8000
+    edges = np.array([0x7F7FFFFF, 0x7F7F8000, 0x7F7F7FFF, 0xFF7F8000, 0x7F800000, 0xFF800000,
+                      0x7F800001, 0xFFC00001, 0x7FFFFFFF, 0, 0x80000000, 0x8000, 0x18000],
+                     np.uint32)
+    x = np.concatenate([x, ties, edges])
+    out = np.empty(x.size, np.uint16)
+    narrow_bf16(x, out)
+    want = np.asarray(mpt.round(x.view(np.float32), "bf16")).view(np.uint16)
+    assert np.array_equal(out, want)
+    with np.errstate(all="ignore"):
+        assert np.array_equal(out, x.view(np.float32).astype(BF16).view(np.uint16))
+
+
+def test_packers_read_any_layout():
+    """pack_panels from row-major and column-major operands: the same panels."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 37, 23)).astype(np.float32)
+    want = G.pack_rows(np.ascontiguousarray(x), 8)
+    got = G.pack_rows(np.ascontiguousarray(x.transpose(0, 2, 1)).transpose(0, 2, 1), 8)
+    assert np.array_equal(want, got)
+    assert np.array_equal(G.pack_cols(x), G.pack_cols(x.copy(order="F")))
