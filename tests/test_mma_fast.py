@@ -28,11 +28,11 @@ def _bits(x):
     return x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
 
 
-def _operands(model, a, b, out="fp32"):
+def _operands(model, a, b, out="fp32", variant=None, in_format=None):
     model = mpt.get_mma_model(model)
-    fa, fb = (get_format(x.dtype).name for x in (a, b))
+    fa, fb = in_format or (get_format(x.dtype).name for x in (a, b))
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    return BlockOperands(model, model.config(fa, fb), a, b, (fa, fb), out, batch)
+    return BlockOperands(model, model.config(fa, fb, variant), a, b, (fa, fb), out, batch)
 
 
 def _mode(model, a, b, out="fp32"):
@@ -164,6 +164,62 @@ def test_out_of_window_operands_take_the_general_kernel():
     a = np.ones((1, 8, 16), np.float16)
     a[0, 3, 5] = np.inf
     assert _mode("hopper", a, np.ones((1, 16, 64), np.float16)) == "general"
+
+
+def _block_configurations():
+    """(model, variant, format of a, format of b, output) once for every configuration of kind
+    "block" in the registry — every preset, instruction variant, input format and output — and
+    a mixed pair where the configuration mixes formats."""
+    out = []
+    for name, model in mpt.mma_models().items():
+        for cfg in model.configs:
+            if model.kind_of(cfg) != "block":
+                continue
+            pairs = [(f, f) for f in cfg.inputs] + [cfg.inputs[:2]] * (len(cfg.inputs) > 1)
+            for fa, fb in pairs:
+                if model.config(fa, fb, cfg.variant) is not cfg:
+                    continue                    # an earlier configuration takes these inputs
+                for o, _, _ in cfg.outputs:
+                    out.append(pytest.param(name, cfg.variant, fa, fb, o,
+                                            id=f"{name}-{cfg.variant}-{fa}-{fb}-{o}"))
+    return out
+
+
+def _expected_mode(cfg, formats, out, shape_mode):
+    """The kernel the configuration should get for tame operands: the tile kernels where their
+    conditions on the configuration hold (BlockOperands._tiles_take), else the chunked one."""
+    rounding = cfg.output(out)[0]
+    bits = sum(get_format(f).mantissa_bits + 1 for f in formats)
+    tiles = K.block_fits(cfg.block, cfg.fraction_bits) and bits <= 24 and \
+        rounding in ("rz_fp32", "rz_e8m13", "rne_fp16")
+    return shape_mode if tiles else "chunks"
+
+
+@pytest.mark.parametrize("model, variant, fa, fb, out", _block_configurations())
+def test_every_block_configuration_equals_the_general_kernel(model, variant, fa, fb, out):
+    """Every registered block configuration (mma.sync shapes, FP8 -> FP16 outputs, fp6/fp4
+    inputs, Blackwell's 32-product f8f6f4 blocks included): tame operands take the kernel the
+    configuration allows (tiles or lanes by shape, chunks where a block's sum can overflow
+    int32) and give the bits of the general kernel (``BlockOperands._general`` on the same
+    operands) — tile-shaped calls in both orientations and many small products, with a c and
+    a partial last block."""
+    rng = np.random.default_rng(18)
+    cfg = mpt.get_mma_model(model).config(fa, fb, variant)
+    k = 3 * cfg.block + 5
+    in_format = (fa, fb) if "tf32" in (fa, fb) else None
+    for shape_mode, batch, m, n in (("tiles", (2,), 37, 45), ("tiles", (1,), 200, 20),
+                                    ("lanes", (300,), 1, 1)):
+        a = mpt.round(rng.standard_normal(batch + (m, k)).astype(np.float32) * 2, fa)
+        b = mpt.round(rng.standard_normal(batch + (k, n)).astype(np.float32) * 2, fb)
+        c = mpt.round(rng.standard_normal(batch + (m, n)).astype(np.float32), out)
+        ops = _operands(model, a, b, out, variant, in_format)
+        assert ops.mode == _expected_mode(cfg, (fa, fb), out, shape_mode)
+        assert ops.swap == (m > n)                   # Cᵀ = Bᵀ·Aᵀ for the tall product
+        d = mpt.mma(a, b, c, model=model, variant=variant, in_format=in_format, out_format=out)
+        general = np.array(c, np.float64).reshape((-1, m, n))
+        ops._general(general, 0, k)
+        assert np.array_equal(_bits(np.asarray(d, np.float32)),
+                              _bits(general.reshape(d.shape).astype(np.float32)))
 
 
 def test_portable_round_toward_zero_equals_the_x86_one():
