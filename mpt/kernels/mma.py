@@ -53,48 +53,25 @@ _TILE_I = 32   # output rows per task (block model)
 _TILE_J = 64   # output columns per task: 64 float64 = 8 AVX-512 vectors
 
 
-@intrinsic
-def _as_bits(typingctx, x):
-    """The IEEE bit pattern of a float64 as int64 (an LLVM bitcast)."""
-    if x != types.float64:
-        return None
+def _bitcast(source, target):
+    """An intrinsic: the ``target`` value whose IEEE bit pattern is the ``source`` value x (an
+    LLVM bitcast between types of one width)."""
+    def cast(typingctx, x):
+        if x != source:
+            return None
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.int64))
-    return types.int64(types.float64), codegen
-
-
-@intrinsic
-def _from_bits(typingctx, x):
-    """The float64 whose IEEE bit pattern is the int64 x (an LLVM bitcast)."""
-    if x != types.int64:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float64))
-    return types.float64(types.int64), codegen
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+        return target(source), codegen
+    cast.__name__ = f"bitcast_{source}_{target}"
+    return intrinsic(cast)
 
 
-@intrinsic
-def f32_bits(typingctx, x):
-    """The IEEE bit pattern of a float32 as uint32 (an LLVM bitcast)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def f32_from_bits(typingctx, x):
-    """The float32 whose IEEE bit pattern is the uint32 x (an LLVM bitcast)."""
-    if x != types.uint32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.float32))
-    return types.float32(types.uint32), codegen
+#: The IEEE bit pattern of a float64 as int64, and back; of a float32 as uint32, and back.
+_as_bits = _bitcast(types.float64, types.int64)
+_from_bits = _bitcast(types.int64, types.float64)
+f32_bits = _bitcast(types.float32, types.uint32)
+f32_from_bits = _bitcast(types.uint32, types.float32)
 
 
 @njit(inline="always")
