@@ -49,7 +49,7 @@ import math
 from fractions import Fraction
 
 from mpt.formats import get_format
-from mpt.reference.mma import decode_bits, encode_bits, round_fraction
+from mpt.reference.mma import decode_bits, encode_bits, round_fraction, special_result
 from mpt.reference.rounding import decode_value, round_exact
 
 __all__ = ["TREE_WIDTH", "family", "operand", "tree_reference", "mme_dot_reference",
@@ -137,21 +137,6 @@ def _terms(a, b, chip, fam):
     return terms
 
 
-def _specials(a, b, c):
-    """NaN / ±Inf of a tree if any (the rules of the module docstring), else None."""
-    infs = set()
-    for x, y in list(zip(a, b)) + [(c, 1.0)]:
-        if math.isnan(x) or math.isnan(y):
-            return math.nan
-        if math.isinf(x) or math.isinf(y):
-            if x == 0 or y == 0:
-                return math.nan
-            infs.add(math.copysign(1.0, x) * math.copysign(1.0, y))
-    if len(infs) == 2:
-        return math.nan
-    return infs.pop() * math.inf if infs else None
-
-
 def _truncated_sum(terms, anchor, fraction_bits) -> Fraction:
     q = Fraction(2) ** (anchor - fraction_bits)
     return sum((math.trunc(t / q) for t, _ in terms), 0) * q
@@ -175,7 +160,7 @@ def tree_reference(a, b, c: float, *, chip: str, fmt) -> float:
     b = [operand(y, chip, fb) for y in b]
     if chip == "gaudi2" and math.isfinite(c) and abs(c) < _FP32_MIN_NORMAL:
         c = 0.0                                                  # flushed (sign immaterial)
-    special = _specials(a, b, c)
+    special = special_result(zip(a, b), c)
     if special is not None:
         return special
     terms = _terms(a, b, chip, fam)
