@@ -23,7 +23,7 @@ from mpt.characterize.probes import ProbeSet
 from mpt.engines.operands import output_params, roundings
 from mpt.formats import get_format
 
-__all__ = ["Finding", "read_all", "read_zero", "values"]
+__all__ = ["Finding", "read_all", "read_zero", "read_nans", "read_long", "values"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,12 @@ def values(ps: ProbeSet, d: np.ndarray) -> np.ndarray:
 def _rows(ps, family):
     """{args: row} of one family (args: the key without the family name)."""
     return {ps.keys[i][1:]: i for i in ps.rows(family)}
+
+
+def _length(ps, family) -> int:
+    """The K of a family's rows (0 if it has none)."""
+    rows = ps.rows(family)
+    return int(ps.lengths[rows[0]]) if rows else 0
 
 
 def _leading(flags: list[bool]) -> tuple[int, bool]:
@@ -154,7 +160,7 @@ def read_tree(ps, d, fraction_bits) -> tuple[Finding, int | None]:
     survive tells the smallest subtree holding both large ones), or, where the formats cannot
     swamp (gap too small), the block size from the ``pairs`` probes. Returns the finding and L
     of a chain of blocks (None otherwise)."""
-    k = int(ps.lengths.max())
+    k = _length(ps, "fprev") or _length(ps, "pairs")
     rows = _rows(ps, "fprev")
     params = ps.params.get("fprev")
     # every sum of up to K small leaves must lie below both the alignment grid and half an ulp
@@ -388,6 +394,60 @@ def read_special(ps, d) -> Finding:
     return Finding("specials", seen, text)
 
 
+def read_nans(ps, d) -> Finding:
+    """Which NaN comes out when several meet (the ``nans`` rows): for each row of several NaNs,
+    "first" or "last" when it gives what the first or the last of them (in the order c, a_0,
+    b_0, a_1, ...) gives alone, "same" when both alone give the same NaN (a canonical NaN)."""
+    rows, params = _rows(ps, "nans"), ps.params.get("nans")
+    if not rows or not params:
+        return Finding("nans", None, "not observable with these formats")
+    width = 2 * np.dtype(_bits_dtype(ps)).itemsize
+    out = {}
+    for name, (first, last) in params["pairs"].items():
+        if (name,) not in rows:
+            continue
+        got, alone = d[rows[(name,)]], (d[rows[(first,)]], d[rows[(last,)]])
+        out[name] = "same" if got == alone[0] == alone[1] else "first" if got == alone[0] else \
+            "last" if got == alone[1] else f"{int(got):0{width}x}"
+    kinds = set(out.values())
+    if kinds == {"same"}:
+        text = "one NaN, whatever the payloads met (a canonical NaN)"
+    elif kinds <= {"first", "same"}:
+        text = "the first NaN met comes out (order c, a_0, b_0, a_1, b_1, ...)"
+    elif kinds <= {"last", "same"}:
+        text = "the last NaN met comes out (order c, a_0, b_0, a_1, b_1, ...)"
+    else:
+        text = "several NaNs: " + ", ".join(f"{k}: {v}" for k, v in out.items())
+    return Finding("nans", out, text)
+
+
+def read_long(ps, d, fraction_bits) -> Finding:
+    """Where C joins the sum over K = 256 (the ``long`` FPRev rows, +M in c and −M at k_j):
+    every y up to the end of the block, instruction or pass holding k_j is lost, so the count
+    of surviving y gives its length L (one product at a time: L = 1; no rounding: none lost)."""
+    rows, params = _rows(ps, "long"), ps.params.get("fprev")
+    if not rows or not params:
+        return Finding("passes", None, "not observable with these formats")
+    k = _length(ps, "long")
+    need = max(fraction_bits or 0, get_format(ps.out_format).precision) + 1 + (k - 1).bit_length()
+    if params["gap"] < need:
+        return Finding("passes", None, "not observable with these formats")
+    y = 2.0 ** params["E_y"]
+    got = {j: values(ps, d[[i]])[0] / y for (_, j), i in rows.items()}
+    if all(v == k - 1 for v in got.values()):
+        return Finding("passes", {"size": None, "exact": True},
+                       f"no rounding between C and {k} products")
+    sizes = [size for size in range(1, k + 1)
+             if all(v == k - min(k, size * (j // size + 1)) for j, v in got.items())]
+    if not sizes:
+        return Finding("passes", {"size": None, "exact": False},
+                       f"irregular: C joins no fixed length of products (K = {k} probes)")
+    text = f"C joins the sum after every {sizes[0]} products (K = {k} probes)"
+    if len(sizes) > 1:
+        text += f"; {', '.join(map(str, sizes[1:]))} fit the sampled rows too"
+    return Finding("passes", {"size": sizes[0], "sizes": sizes, "exact": False}, text)
+
+
 def read_product(ps, d) -> Finding:
     """Whether products beyond the output's range, below its quantum or wider than its
     precision enter the sum exactly (each row's exact result is a value of the output)."""
@@ -406,7 +466,8 @@ def read_all(ps: ProbeSet, d: np.ndarray) -> tuple[dict[str, Finding], dict]:
     (``fraction_bits``, ``block``; the rounding and e_zero are chosen by the fit)."""
     alignment, f = read_alignment(ps, d)
     tree, block = read_tree(ps, d, f)
-    findings = [alignment, tree, read_rounding(ps, d, f), read_sign(ps, d),
-                read_subnormal(ps, d), read_special(ps, d), read_product(ps, d)]
+    findings = [alignment, tree, read_long(ps, d, f), read_rounding(ps, d, f), read_sign(ps, d),
+                read_subnormal(ps, d), read_special(ps, d), read_nans(ps, d),
+                read_product(ps, d)]
     return {x.name: x for x in findings}, {"fraction_bits": f, "block": block}
 
