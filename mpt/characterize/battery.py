@@ -24,6 +24,10 @@ family                  rows (K = 64 unless noted)
                         (block size where the formats are too narrow for ``fprev``)
 ``round``               c = ±(2^s − 1), products ±1, ±x: precision and direction of the output
                         rounding (sums at, above and below half an ulp)
+``carry``               eight products 2^E and one 2^(E−j) (at the end of the row): the sum
+                        2^(E+3) + 2^(E−j) keeps
+                        its last bit iff j ≤ F and j + 4 ≤ p: the output precision where the
+                        alignment hides it from ``round`` (FP8 on Ada/Hopper: F = 13, 14 bits)
 ``zero``                tiny terms 2q (or q + q/2) and −q·2^-s at the end, c = 0: where the zero
                         terms anchor the alignment (e_zero, D1–D5); ``zero_partner``: the same
                         with the zero products formed as 0·(large number)
@@ -185,6 +189,17 @@ def _round(bld: ProbeBuilder) -> None:
             for sign in (1, -1):
                 c = sign * (2.0**s - 1)
                 bld.add("round", (s, name, sign), {0: pow2(0, sign), 1: Product(sign * m, e)}, c)
+
+
+def _carry(bld: ProbeBuilder) -> None:
+    """The terms at the end of the row (a later block would truncate the carried sum again)."""
+    p_lo, p_hi, lo_out, hi_out = _ranges(bld)
+    e, k = min(p_hi, hi_out - 4), bld.k
+    bld.params["carry"] = {"E": e}
+    for j in range(1, 41):
+        terms = {**{k - 9 + i: pow2(e) for i in range(8)}, k - 1: pow2(e - j)}
+        if e - j < max(p_lo, lo_out) or not bld.add("carry", (j,), terms):
+            break
 
 
 def _zero(bld: ProbeBuilder) -> None:
@@ -372,5 +387,5 @@ def _random_values(rng, fmt, span, n) -> list[float]:
     return values.tolist()
 
 
-FAMILIES = (_align_c, _align_p, _far_c, _fprev, _pairs, _round, _zero, _sign, _subnormal, _special,
+FAMILIES = (_align_c, _align_p, _far_c, _fprev, _pairs, _round, _carry, _zero, _sign, _subnormal, _special,
             _nans, _product)

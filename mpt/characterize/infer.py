@@ -224,10 +224,11 @@ _DIRECTIONS = {
 }
 
 
-def read_rounding(ps, d, fraction_bits) -> Finding:
+def read_rounding(ps, d, fraction_bits, block=None) -> Finding:
     """Precision p (c = 2^s − 1 plus 1 + 1 = 2^s + 1 is kept iff s ≤ p − 1, and the ones are
-    not lost to the alignment: s − 1 ≤ F) and direction (MMA-Sim's table of sums a quarter,
-    half, three quarters and one and a half ulp above 2^(p−1), both signs)."""
+    not lost to the alignment: s − 1 ≤ F; where F hides p, the ``carry`` rows, when its nine
+    terms share one block: ``block`` None or at least 9) and direction (MMA-Sim's table of sums
+    a quarter, half, three quarters and one and a half ulp above 2^(p−1), both signs)."""
     rows = _rows(ps, "round")
     fout = get_format(ps.out_format)
     plus = sorted((s, i) for (s, x, sign), i in rows.items()
@@ -237,7 +238,12 @@ def read_rounding(ps, d, fraction_bits) -> Finding:
     kept = list(ps.out_bits([2.0**s + 1 for s, _ in plus]) == d[[i for _, i in plus]])
     n, regular = _leading(kept)
     precision = n + 1
-    limited = fraction_bits is not None and n == fraction_bits + 1 and precision < fout.precision
+    # the ones sit F bits below c's top bit in its own block, F + 1 below in a later one
+    limited = fraction_bits is not None and n >= fraction_bits and precision < fout.precision
+    carried = _carried(ps, d) if block is None or block >= 9 else None   # min(F, p − 4)
+    if carried is not None and (fraction_bits is None or carried < fraction_bits) and \
+            carried + 4 <= fout.precision:
+        precision, limited = carried + 4, False
     value = {"precision": None if limited else precision,
              "precision_at_least": precision if limited else None, "direction": None}
     text = (f"at least {precision} bits (the alignment F = {fraction_bits} hides more)"
@@ -265,6 +271,17 @@ def read_rounding(ps, d, fraction_bits) -> Finding:
         value["named"] = named
         text += f" ({named})"
     return Finding("rounding", value, text)
+
+
+def _carried(ps, d) -> int | None:
+    """The last j whose ``carry`` row keeps 2^(E−j) beside 2^(E+3) (None without rows)."""
+    rows = sorted(_rows(ps, "carry").items())
+    if not rows:
+        return None
+    e = ps.params["carry"]["E"]
+    want = ps.out_bits([2.0**(e + 3) + 2.0**(e - j) for (j,), _ in rows])
+    n = _leading(list(want == d[[i for _, i in rows]]))[0]
+    return None if n == len(rows) else n           # every row kept: the format's range ends
 
 
 def _named(value, fout):
@@ -466,7 +483,8 @@ def read_all(ps: ProbeSet, d: np.ndarray) -> tuple[dict[str, Finding], dict]:
     (``fraction_bits``, ``block``; the rounding and e_zero are chosen by the fit)."""
     alignment, f = read_alignment(ps, d)
     tree, block = read_tree(ps, d, f)
-    findings = [alignment, tree, read_long(ps, d, f), read_rounding(ps, d, f), read_sign(ps, d),
+    findings = [alignment, tree, read_long(ps, d, f), read_rounding(ps, d, f, block),
+                read_sign(ps, d),
                 read_subnormal(ps, d), read_special(ps, d), read_nans(ps, d),
                 read_product(ps, d)]
     return {x.name: x for x in findings}, {"fraction_bits": f, "block": block}
