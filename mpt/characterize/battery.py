@@ -387,5 +387,5 @@ def _random_values(rng, fmt, span, n) -> list[float]:
     return values.tolist()
 
 
-FAMILIES = (_align_c, _align_p, _far_c, _fprev, _pairs, _round, _carry, _zero, _sign, _subnormal, _special,
-            _nans, _product)
+FAMILIES = (_align_c, _align_p, _far_c, _fprev, _pairs, _round, _carry, _zero, _sign,
+            _subnormal, _special, _nans, _product)

@@ -65,13 +65,13 @@ class PairResult:
     error: str = ""
     note: str = ""
     evidence: str = "assumption"
-    probes: ProbeSet | None = None
-    bits: np.ndarray | None = None
-    not_run: list[str] = field(default_factory=list)
-    findings: dict[str, Finding] = field(default_factory=dict)
-    fit: BlockFit | None = None
-    family: FamilyFit | None = None
-    comparisons: list[Comparison] = field(default_factory=list)
+    probes: ProbeSet | None = field(default=None, repr=False)
+    bits: np.ndarray | None = field(default=None, repr=False)
+    not_run: list[str] = field(default_factory=list, repr=False)
+    findings: dict[str, Finding] = field(default_factory=dict, repr=False)
+    fit: BlockFit | None = field(default=None, repr=False)
+    family: FamilyFit | None = field(default=None, repr=False)
+    comparisons: list[Comparison] = field(default_factory=list, repr=False)
 
     @property
     def label(self) -> str:

@@ -46,6 +46,10 @@ def _rows(ps, family):
     return {ps.keys[i][1:]: i for i in ps.rows(family)}
 
 
+def _products(n: int) -> str:
+    return "1 product" if n == 1 else f"{n} products"
+
+
 def _length(ps, family) -> int:
     """The K of a family's rows (0 if it has none)."""
     rows = ps.rows(family)
@@ -146,11 +150,11 @@ def _tree_hypotheses(k):
 
 _TREE_TEXT = {
     "exact": "no rounding between the products: the whole sum is exact (one rounding)",
-    "chain": "blocks of {b} products, chained in increasing k (each block's result is the next "
+    "chain": "blocks of {b}, chained in increasing k (each block's result is the next "
              "block's C), C in the first block",
-    "chain_down": "blocks of {b} products, chained in decreasing k (the last block first), C in "
+    "chain_down": "blocks of {b}, chained in decreasing k (the last block first), C in "
                   "the first block computed",
-    "pairwise": "pairwise trees of {b} products, each tree's sum added to a running accumulator "
+    "pairwise": "pairwise trees of {b}, each tree's sum added to a running accumulator "
                 "in increasing k",
 }
 
@@ -172,12 +176,13 @@ def read_tree(ps, d, fraction_bits) -> tuple[Finding, int | None]:
         for kind, size, predict in _tree_hypotheses(k):
             if all(got[args] == predict(*args) for args in got):
                 value = {"tree": kind, "size": size, "source": "fprev", "c_first": True}
-                return Finding("summation", value, _TREE_TEXT[kind].format(b=size)), \
+                return Finding("summation", value, _TREE_TEXT[kind].format(b=_products(size))), \
                     size if kind == "chain" else None
         ints = {a: v for a, v in got.items() if a[0] != "c"}
         for kind, size, predict in _tree_hypotheses(k):
             if all(v == predict(*a) for a, v in ints.items()):
-                text = _TREE_TEXT[kind].format(b=size).replace(", C in the first block", "")
+                text = _TREE_TEXT[kind].format(b=_products(size))
+                text = text.replace(", C in the first block", "")
                 c_end = all(v == 0 for a, v in got.items() if a[0] == "c")
                 text += "; C added after the products" if c_end else "; C joins irregularly"
                 value = {"tree": kind, "size": size, "source": "fprev", "c_first": False}
@@ -206,7 +211,7 @@ def _read_pairs(ps, d, k) -> tuple[Finding, int | None]:
             if size == k:
                 return Finding("summation", value, f"one rounding for all {k} products (the "
                                "formats are too narrow for the FPRev probes)"), None
-            return Finding("summation", value, f"a rounding after every {size} products (pair "
+            return Finding("summation", value, f"a rounding after every {_products(size)} (pair "
                            f"probes; the formats are too narrow to show the order)"), size
     return Finding("summation", {"tree": None, "source": "pairs"},
                    "irregular: the pair probes fit no fixed group size"), None
@@ -459,7 +464,7 @@ def read_long(ps, d, fraction_bits) -> Finding:
     if not sizes:
         return Finding("passes", {"size": None, "exact": False},
                        f"irregular: C joins no fixed length of products (K = {k} probes)")
-    text = f"C joins the sum after every {sizes[0]} products (K = {k} probes)"
+    text = f"C joins the sum after every {_products(sizes[0])} (K = {k} probes)"
     if len(sizes) > 1:
         text += f"; {', '.join(map(str, sizes[1:]))} fit the sampled rows too"
     return Finding("passes", {"size": sizes[0], "sizes": sizes, "exact": False}, text)
