@@ -613,5 +613,7 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["characterize", "--adapter", "mpt:hopper", "--pair", "fp64:fp32"]) == 2
     assert main(["characterize", "--adapter", "mpt:ieee_fma", "--fault", "F-1"]) == 2
     assert main(["characterize", "--adapter", "torch:cuda"]) == 2     # no PyTorch / no GPU here
+    assert main(["characterize", "--adapter", "mpt:cdna3", "--variant", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("mpt characterize: error:") for line in err)
+    assert len(err) == 5 and all(line.startswith("mpt characterize: error:") for line in err)
+    assert "variant must be one of 'v_mfma_f32_32x32x8_f16'" in err[-1]
