@@ -32,11 +32,13 @@
 
 # %%
 import numpy as np
+import numba
 import matplotlib.pyplot as plt
 import mpt
 from mpt import diagnostics, nn
 from mpt.train import MarkovCorpus, TrainConfig, Trainer
 
+numba.set_num_threads(1)   # small tensors: one thread is faster, and the bits never depend on it
 plt.rcParams.update({"figure.dpi": 72, "font.size": 8})
 FP16 = mpt.get_format("fp16")
 SUB, NORMAL, TOP = -24, -14, 15          # log2 of fp16's min subnormal, min normal; max < 2^16
