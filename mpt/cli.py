@@ -425,11 +425,15 @@ def _add_characterize(sub) -> None:
                         "or torch:rocm[:N] (PyTorch on the GPU; never run by mpt's tests)")
     p.add_argument("--pair", nargs="+", metavar="IN:OUT",
                    help="format pairs to probe (default: every pair the adapter computes)")
-    p.add_argument("--variant", help="instruction variant of an mpt model")
+    p.add_argument("--variant", help="instruction variant of an mpt model (default: the one "
+                                     "mpt.mma picks per input format; the others are listed as "
+                                     "not probed); block-scaled ones run with unit scales")
     p.add_argument("--assume", nargs="+", metavar="NAME=CHOICE",
-                   help="choices of an mpt model's assumed rules")
+                   help="choices of an mpt model's assumed rules (the report says which the "
+                        "probes settle)")
     p.add_argument("--fault", metavar="F-1", help="inject a fault into an mpt model: its "
-                                                  "alignment width F changed by this much")
+                                                  "alignment width F changed by this much "
+                                                  "(block models, Gaudi 2)")
     p.add_argument("--expect", metavar="MODEL", help="also list every difference from this "
                                                      "registered model; exit 1 unless it matches")
     p.add_argument("--out", metavar="FILE", help="write the result as JSON (mpt.engines."

@@ -2,6 +2,7 @@
 import builtins
 import io
 import os
+import threading
 
 # Numba's OpenMP workers spin after each parallel kernel and steal the test thread's core on a
 # small machine (3-10x slower suites measured on 2 cores); read when OpenMP starts, so set early.
@@ -25,18 +26,21 @@ if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD") or not any(
 
 @pytest.fixture
 def opened(monkeypatch):
-    """The absolute path of every file opened (builtins.open, io.open as pathlib uses it, and
-    os.open) while the test runs: to show that nothing outside a folder was read."""
+    """The absolute path of every file the test's thread opens (builtins.open, io.open as
+    pathlib uses it, and os.open) while the test runs: to show that nothing outside a folder was
+    read. Other threads are not the code under test (the session's Dask cluster polls /proc)."""
     paths = []
     real_open, real_os_open = builtins.open, os.open
+    test_thread = threading.get_ident()
 
     def spy_open(file, *args, **kwargs):
-        if isinstance(file, (str, bytes, os.PathLike)):
+        if isinstance(file, (str, bytes, os.PathLike)) and threading.get_ident() == test_thread:
             paths.append(os.path.abspath(file))
         return real_open(file, *args, **kwargs)
 
     def spy_os_open(path, *args, **kwargs):
-        paths.append(os.path.abspath(path))
+        if threading.get_ident() == test_thread:
+            paths.append(os.path.abspath(path))
         return real_os_open(path, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "open", spy_open)

@@ -1,24 +1,29 @@
-"""``mpt characterize``: the probing method recovers every registered MMA model, catches a fault,
-and its JSON runs in ``mpt.mma`` bit for bit.
+"""``mpt characterize``: the probing method recovers every registered MMA model — every kind,
+instruction variant and assumed-rule choice — catches a fault, and its JSON runs in ``mpt.mma``
+bit for bit.
 
-The registry is read when the tests are collected, so models that other modules register later
-(AMD, Gaudi, TPU, Trainium, block-scaled variants) are covered without a change here: each model
-× instruction variant × combination of its assumed rules' choices becomes an adapter
-(``mpt:<model>``), and its characterization must
+The registry is read when the tests are collected, so models registered later are covered
+without a change here. For an adapter ``mpt:<model>`` (default variants and choices; each other
+variant; each assumed-rule choice; every combination under ``-m exhaustive``) the
+characterization must
 
-* name that exact configuration among the registered models that reproduce every probe, and
-  every other model it names must compute the same bits on fresh random inputs (the battery
-  tells apart whatever random inputs tell apart);
-* for a block model, fit the block model with the preset's L, F and output rounding, and its
-  e_zero wherever the formats can show it (else a bound the preset's value meets);
+* probe every pair the adapter computes (block-scaled variants with unit scales, software
+  configurations through ``mpt.gemm``), and list the variants it did not offer;
+* name the source configuration among the candidates that reproduce every probe, and every
+  candidate it names must compute the same bits on fresh random inputs (K = 64 and 256, moderate
+  values and uniformly random bit patterns) — which also tests each statement that two
+  assumed-rule choices are "indistinguishable by the outputs of the probed pairs";
+* settle the source's choice of each assumed rule or keep it among the consistent ones;
+* for a block configuration, fit the preset's L, F and output rounding, and its e_zero wherever
+  the formats can show it (else a bound the preset's value meets);
 * write JSON that ``mpt.engines.load_model`` turns into a model computing the same bits as the
   source on fresh random inputs.
 
-A pair that the adapter cannot probe is allowed only for kinds whose instructions take inputs the
-adapter protocol does not carry (block scales, keyword options), and it must be reported.
-Oracles: the source model itself (through ``mpt.mma``), the published test vectors and zero-rule
-answers of docs/tensor_cores.md and docs/accelerators.md.
+One bit of alignment less is reported as a difference for every block model and for Gaudi 2.
+Oracles: the source model itself (through ``mpt.mma``/``mpt.gemm``), the published test vectors
+and zero-rule answers of docs/tensor_cores.md and docs/accelerators.md.
 """
+import functools
 import json
 import sys
 from fractions import Fraction
@@ -31,36 +36,48 @@ import pytest
 import mpt
 from mpt.characterize import (MptAdapter, characterize, get_adapter, with_fraction_bits)
 from mpt.characterize.adapters import c_prefix
-from mpt.characterize.fit import run_model
 from mpt.characterize.match import Candidate, choice_sets
-from mpt.characterize.probes import ProbeSet, exact_in, factor
+from mpt.characterize.probes import ProbeSet, exact_in, factor, nan_patterns
+from mpt.characterize.runner import compute, run_model
 from mpt.cli import main
 from mpt.engines import MMAModel, load_model
-from mpt.engines.operands import operands_class
 from mpt.formats import UNSIGNED, get_format
 
+REGISTRY = mpt.mma_models()
 
-def _registry_cases():
-    for model in mpt.mma_models().values():
+
+def _default_variants(model) -> set:
+    return {model.config(f, f).variant for cfg in model.configs for f in cfg.inputs}
+
+
+def _variant_cases():
+    for model in REGISTRY.values():
         for variant in model.variants:
-            for choices in choice_sets(model):
-                label = model.name + ("" if variant == "default" else f"[{variant}]") + \
-                    "".join(f",{k}={v}" for k, v in choices.items())
-                yield pytest.param(model.name, variant, choices, id=label)
-
-
-def _block_cases():
-    for model in mpt.mma_models().values():
-        if model.kind == "block":
-            for variant in model.variants:
+            if variant not in _default_variants(model):
                 yield pytest.param(model.name, variant, id=f"{model.name}[{variant}]")
 
 
-def _fresh_inputs(fin: str, fout: str, seed: int) -> ProbeSet:
-    """Random probes the battery never saw: 96 rows of moderate values (exponents in [-6, 6])
-    and 96 of uniformly random bit patterns (any exponent, subnormals, zeros, Inf, NaN), K = 64."""
+def _choice_cases():
+    for model in REGISTRY.values():
+        for choices in choice_sets(model):
+            if choices:
+                yield pytest.param(model.name, choices, id=model.name + "".join(
+                    f",{k}={v}" for k, v in choices.items()))
+
+
+def _every_case():
+    for model in REGISTRY.values():
+        for variant in model.variants:
+            for choices in choice_sets(model):
+                yield pytest.param(model.name, variant, choices, id=f"{model.name}[{variant}]"
+                                   + "".join(f",{k}={v}" for k, v in choices.items()))
+
+
+def _fresh_inputs(fin: str, fout: str, seed: int, k: int, rows: int) -> ProbeSet:
+    """Random probes the battery never saw, K = k: ``rows`` rows of moderate values (exponents
+    in [-6, 6]) and ``rows`` of uniformly random bit patterns (any exponent, subnormals, zeros,
+    Inf, NaN; a custom format stored in float32: values over its whole range)."""
     rng = np.random.default_rng(seed)
-    k, rows = 64, 96
     f_in, f_out = get_format(fin), get_format(fout)
 
     def moderate(fmt, shape):
@@ -74,6 +91,9 @@ def _fresh_inputs(fin: str, fout: str, seed: int) -> ProbeSet:
         return mpt.round(vals, fmt.name)
 
     def bits(fmt, shape):
+        if fmt.custom:
+            exps = rng.uniform(fmt.emin - fmt.mantissa_bits - 1, fmt.emax + 1, shape)
+            return mpt.round(rng.choice((-1.0, 1.0), shape) * np.exp2(exps), fmt.name)
         store = np.dtype(fmt.dtype)
         width = 32 if fmt.name == "tf32" else fmt.bits
         raw = rng.integers(0, 1 << width, shape, dtype=np.uint64).astype(UNSIGNED[store.itemsize])
@@ -87,32 +107,31 @@ def _fresh_inputs(fin: str, fout: str, seed: int) -> ProbeSet:
                     [("fresh", i) for i in range(n)], [""] * n)
 
 
+@functools.lru_cache(maxsize=None)
+def _fresh_bits(model, variant, fin, fout, seed=7):
+    """The bits of ``model`` on 192 fresh rows of K = 64 and 32 of K = 256 (kept: the models are
+    immutable and several tests compare the same ones)."""
+    return np.concatenate([run_model(model, _fresh_inputs(fin, fout, seed + k, k, rows), variant)
+                           for k, rows in ((64, 96), (256, 16))])
+
+
 def _same_bits(model_a, variant_a, model_b, variant_b, fin, fout, seed=7):
-    fresh = _fresh_inputs(fin, fout, seed)
-    return np.array_equal(run_model(model_a, fresh, variant_a),
-                          run_model(model_b, fresh, variant_b))
+    return np.array_equal(_fresh_bits(model_a, variant_a, fin, fout, seed),
+                          _fresh_bits(model_b, variant_b, fin, fout, seed))
 
 
-@pytest.mark.parametrize("name, variant, choices", list(_registry_cases()))
-def test_recovers_every_registered_model(name, variant, choices, tmp_path):
-    model = mpt.get_mma_model(name)
-    model = model.configure(**choices) if choices else model
-    adapter = MptAdapter(model, variant)
-    ch = characterize(adapter)
-    assert [(p.in_format, p.out_format) for p in ch.pairs] == list(adapter.pairs())
-    source = Candidate(model, variant)
+def _check_recovered(model, variant, ch, tmp_path):
+    """Everything a characterization of ``model`` (instruction ``variant``) must say (module
+    docstring)."""
+    assert ch.pairs and all(p.probed for p in ch.pairs), [p.error for p in ch.pairs]
     for p in ch.pairs:
-        if not p.probed:
-            kind = operands_class(model.kind_of(model.config(p.in_format, p.in_format, variant)))
-            assert kind.SCALES or kind.OPTIONS, f"{p.label} not probed: {p.error}"
-            assert p.error in ch.text()
-            continue
+        cfg = model.config(p.in_format, p.in_format, variant)
+        source = Candidate(model, cfg.variant)
         labels = [c.candidate.label for c in p.matches]
         assert source.label in labels, (p.label, labels, p.nearest[:1])
         for c in p.matches:       # every model it names computes what the source computes
-            assert _same_bits(model, variant, c.candidate.model, c.candidate.variant,
+            assert _same_bits(model, cfg.variant, c.candidate.model, c.candidate.variant,
                               p.in_format, p.out_format), (p.label, c.candidate.label)
-        cfg = model.config(p.in_format, p.in_format, variant)
         if model.kind_of(cfg) == "block":
             rounding, e_zero = cfg.output(p.out_format)
             fit = p.fit.params
@@ -123,32 +142,140 @@ def test_recovers_every_registered_model(name, variant, choices, tmp_path):
                 assert fit["e_zero"] == e_zero, p.label
             elif fit["e_zero_seen"] == "bound":
                 assert e_zero <= fit["e_zero"], p.label
-    probed = [p for p in ch.pairs if p.probed]
-    if not probed:
-        return
-    assert ch.matches(model) and ch.model is not None
+    assert ch.matches(model) and Candidate(model, "default").model_label in ch.recognised
+    own = {s.assumption: s for s in ch.settlements if s.model == model.name}
+    for a in model.assumptions:
+        assert model.choice(a.name) in own[a.name].consistent, own[a.name]
+        if not own[a.name].settled:
+            assert "indistinguishable by the outputs of the probed pairs" in own[a.name].text
+    assert ch.model is not None
     if all(model.kind_of(model.config(p.in_format, p.in_format, variant)) == "block"
-           for p in probed):        # (a Tensor Core model with FP64 instructions is not one)
+           for p in ch.pairs):
         assert ch.source.startswith("block model")
     path = tmp_path / "characterization.json"
     ch.write(path)
     loaded = load_model(path)
     assert loaded.describe() == ch.model.describe()
-    loaded_variant = None if ch.source.startswith("block model") else variant
-    for p in probed:
-        assert _same_bits(model, variant, loaded, loaded_variant, p.in_format, p.out_format,
+    for p in ch.pairs:
+        source = model.config(p.in_format, p.in_format, variant).variant
+        assert _same_bits(model, source, loaded, ch.variant(p), p.in_format, p.out_format,
                           seed=11), p.label
 
 
-@pytest.mark.parametrize("name, variant", list(_block_cases()))
-def test_one_bit_of_alignment_less_is_caught_and_named(name, variant):
-    model = mpt.get_mma_model(name)
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_recovers_every_registered_model(name, tmp_path):
+    model = REGISTRY[name]
+    adapter = get_adapter(f"mpt:{name}")
+    ch = characterize(adapter)
+    assert [(p.in_format, p.out_format) for p in ch.pairs] == list(adapter.pairs())
+    _check_recovered(model, None, ch, tmp_path)
+    others = [v for v in model.variants if v not in _default_variants(model)]
+    text = ch.text()
+    assert bool(ch.not_probed) == bool(others) and all(v in text for v in others)
+
+
+@pytest.mark.parametrize("name, variant", list(_variant_cases()))
+def test_recovers_every_instruction_variant(name, variant, tmp_path):
+    model = REGISTRY[name]
+    ch = characterize(MptAdapter(model, variant))
+    _check_recovered(model, variant, ch, tmp_path)
+    cfg = model.config(ch.pairs[0].in_format, ch.pairs[0].in_format, variant)
+    if model.scaled(cfg):
+        assert all("probed with unit scales" in p.note for p in ch.pairs)
+
+
+#: (model, assumed rule) -> whether the default adapter's probes settle it
+SETTLED = {**{(f"cdna{i}", "several_nans"): True for i in range(1, 5)},
+           ("cdna4", "accumulation"): True, ("trainium", "pass_order"): True,
+           ("trainium_autocast", "pass_order"): True,
+           ("trainium_autocast", "auto_cast_result"): True,
+           # the zero rule of the block-scaled kinds: none of the default pairs is block-scaled
+           ("blackwell", "zero_rule"): False, ("rtx_blackwell", "zero_rule"): False}
+
+
+@pytest.mark.parametrize("name, choices", list(_choice_cases()))
+def test_every_assumed_choice_is_settled_or_reported(name, choices, tmp_path):
+    model = REGISTRY[name].configure(**choices)
+    ch = characterize(get_adapter(f"mpt:{name}", assume=choices))
+    _check_recovered(model, None, ch, tmp_path)
+    for s in ch.settlements:
+        if s.model == name and (name, s.assumption) in SETTLED:
+            assert s.settled == SETTLED[(name, s.assumption)], s.text
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name, variant, choices", list(_every_case()))
+def test_recovers_every_variant_and_choice_combination(name, variant, choices, tmp_path):
+    model = REGISTRY[name].configure(**choices) if choices else REGISTRY[name]
+    _check_recovered(model, variant, characterize(MptAdapter(model, variant)), tmp_path)
+
+
+def test_several_nans_are_told_apart_by_their_payloads():
+    """AMD's several_nans: the NaN probes with distinct payloads read "first" or "last"; NVIDIA
+    writes one canonical NaN whatever the payloads."""
+    found = {}
+    for choice in ("first", "last"):
+        ch = characterize(get_adapter("mpt:cdna3", assume={"several_nans": choice}),
+                          [("fp16", "fp32")])
+        found[choice] = ch.pairs[0].findings["nans"]
+        assert [s.consistent for s in ch.settlements if s.model == "cdna3"] == [(choice,)]
+    assert set(found["first"].value.values()) == {"first"}
+    assert set(found["last"].value.values()) == {"last"}
+    ch = characterize(get_adapter("mpt:hopper"), [("fp16", "fp32")])
+    assert set(ch.pairs[0].findings["nans"].value.values()) == {"same"}
+    assert nan_patterns("fp8_e4m3fnuz") == [0x80] and nan_patterns("fp4_e2m1fn") == []
+
+
+def test_choices_that_no_output_shows_are_reported_as_such():
+    """Blackwell's zero rule applies to block-scaled instructions only, and with unit scales no
+    zero term reaches the alignment: both choices give the same bits (on fresh inputs too)."""
+    for variant in (None, "mxf8f6f4"):
+        ch = characterize(MptAdapter(REGISTRY["blackwell"], variant))
+        (rule,) = [s for s in ch.settlements if s.model == "blackwell"]
+        assert rule.consistent == ("mpt", "mma_sim") and not rule.settled
+        assert "zero_rule: mpt or mma_sim - indistinguishable by the outputs of the probed " \
+               "pairs" in ch.text()
+        for p in ch.pairs:
+            v = REGISTRY["blackwell"].config(p.in_format, p.in_format, variant).variant
+            assert _same_bits(REGISTRY["blackwell"].configure(zero_rule="mpt"), v,
+                              REGISTRY["blackwell"].configure(zero_rule="mma_sim"), v,
+                              p.in_format, p.out_format)
+
+
+def test_long_probes_show_passes_longer_than_the_short_rows():
+    ch = characterize(get_adapter("mpt:trainium"), [("bf16", "fp32")])
+    assert ch.pairs[0].findings["passes"].value["size"] == 128
+    ch = characterize(get_adapter("mpt:hopper"), [("bf16", "fp32")])
+    assert ch.pairs[0].findings["passes"].value["size"] == 16
+
+
+def test_software_configurations_are_probed_through_gemm():
+    for name in ("tpu", "trainium_autocast"):
+        adapter = get_adapter(f"mpt:{name}")
+        ch = characterize(adapter, [("fp32", "fp32")])
+        p = ch.pairs[0]
+        assert "probed through mpt.gemm" in p.note
+        a, b, c = p.probes.a[:64, :64], p.probes.b[:64, :64], p.probes.c[:64]
+        want = mpt.gemm(a[:, None, :], b[:, :, None], c[:, None, None], model=name,
+                        in_format="fp32").reshape(-1)
+        assert np.array_equal(compute(name, a, b, c, "fp32", "fp32").view(np.uint32),
+                              want.view(np.uint32))
+
+
+# ---- faults ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [m.name for m in REGISTRY.values() if m.kind == "block"])
+def test_one_bit_of_alignment_less_is_caught_and_named(name, tmp_path):
+    model = REGISTRY[name]
     faulty = with_fraction_bits(model, -1)
-    ch = characterize(MptAdapter(faulty, variant), expect=name)
+    ch = characterize(get_adapter(f"mpt:{name}", fault=-1), expect=name)
     assert not ch.matches(name)
     text = ch.text()
     for p in ch.pairs:
-        f = model.config(p.in_format, p.in_format, variant).fraction_bits
+        f = model.config(p.in_format, p.in_format).fraction_bits
+        if f is None:                     # an FP64 instruction: no alignment, no fault
+            assert name in [c.candidate.model.name for c in p.matches]
+            continue
         assert p.fit.verified and p.fit.params["fraction_bits"] == f - 1, p.label
         comparison = ch.comparison(p, name)
         assert comparison.mismatches.size > 0
@@ -157,6 +284,34 @@ def test_one_bit_of_alignment_less_is_caught_and_named(name, variant):
         for d in p.differences(comparison):
             assert d.adapter != d.model and d.probe in text
     assert "fraction_bits: measured" in text
+    _check_fault_model(faulty, ch, tmp_path)
+
+
+def test_one_bit_of_alignment_less_is_caught_on_gaudi2(tmp_path):
+    """A non-NVIDIA unit: Gaudi 2's MME adds C exactly (no block model), so the difference is
+    named by the nearest registered configuration with F changed."""
+    faulty = with_fraction_bits("gaudi2", -1)
+    ch = characterize(MptAdapter(faulty), expect="gaudi2")
+    assert not ch.matches("gaudi2") and "reproduced by gaudi2 with fraction_bits" in ch.verdict
+    for p in ch.pairs:
+        f = REGISTRY["gaudi2"].config(p.in_format, p.in_format).fraction_bits
+        comparison = ch.comparison(p, "gaudi2")
+        assert comparison.mismatches.size > 0 and p.family is not None
+        assert p.parameter_differences(comparison) == \
+            [f"fraction_bits: measured {f - 1}, gaudi2 has {f}"]
+    assert "fraction_bits: measured 45, gaudi2 has 46" in ch.text()
+    _check_fault_model(faulty, ch, tmp_path)
+
+
+def _check_fault_model(faulty, ch, tmp_path):
+    """The model composed for a faulty unit computes what the faulty unit computes."""
+    assert ch.model is not None
+    path = tmp_path / "fault.json"
+    ch.write(path)
+    loaded = load_model(path)
+    for p in ch.pairs:
+        assert _same_bits(faulty, None, loaded, ch.variant(p), p.in_format, p.out_format), \
+            p.label
 
 
 # ---- the published vectors -------------------------------------------------------------------
@@ -402,10 +557,14 @@ def test_assumed_rules_are_candidates_under_their_choices(monkeypatch):
 # ---- the JSON model ------------------------------------------------------------------------------
 
 def test_model_descriptions_round_trip():
+    """Every model and choice of its assumed rules comes back from JSON with the same
+    configurations and the same choices in effect (a default choice is not stored as set)."""
     for model in mpt.mma_models().values():
         for choices in choice_sets(model):
             configured = model.configure(**choices) if choices else model
-            assert MMAModel.from_dict(json.loads(json.dumps(configured.describe()))) == configured
+            back = MMAModel.from_dict(json.loads(json.dumps(configured.describe())))
+            assert back.configs == configured.configs and back.describe() == configured.describe()
+            assert Candidate(back, "default").choices == Candidate(configured, "default").choices
 
 
 def test_load_model_reads_descriptions_and_refuses_bad_files(tmp_path):
@@ -454,5 +613,7 @@ def test_cli_bad_input_is_one_line(capsys):
     assert main(["characterize", "--adapter", "mpt:hopper", "--pair", "fp64:fp32"]) == 2
     assert main(["characterize", "--adapter", "mpt:ieee_fma", "--fault", "F-1"]) == 2
     assert main(["characterize", "--adapter", "torch:cuda"]) == 2     # no PyTorch / no GPU here
+    assert main(["characterize", "--adapter", "mpt:cdna3", "--variant", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4 and all(line.startswith("mpt characterize: error:") for line in err)
+    assert len(err) == 5 and all(line.startswith("mpt characterize: error:") for line in err)
+    assert "variant must be one of 'v_mfma_f32_32x32x8_f16'" in err[-1]

@@ -430,3 +430,40 @@ def test_docs_examples():
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     runner.run(test)
     assert runner.summarize(verbose=False).failed == 0
+
+
+@pytest.mark.parametrize("fmt, f, half", [("bf16", 45, 60), ("fp16", 40, 14), ("tf32", 45, 60),
+                                          (E4M3, 23, 6)])
+def test_gaudi2_takes_fewer_alignment_bits_like_its_oracle(fmt, f, half):
+    """A Gaudi 2 configuration with F below the MME's (the fault ``mpt characterize`` injects)
+    computes what the oracle computes with that F; Gaudi 3's kernel has F fixed, and F above the
+    MME's is refused. Each tree: ±2^(2·half) cancel, and the other products lie around F bits
+    below them, where the alignment decides what is kept."""
+    from dataclasses import replace
+    base = mpt.get_mma_model("gaudi2")
+    name = fmt if isinstance(fmt, str) else fmt.name
+    cfg = base.config(name, name)
+    model = replace(base, name="gaudi2-f", aliases=(), configs=tuple(
+        replace(c, fraction_bits=f) if c is cfg else c for c in base.configs))
+    rng = np.random.default_rng(f)
+    changed = 0
+    for _ in range(20):
+        k = cfg.block
+        shift = rng.integers(-3, 4, k - 2) + 2 * half - f               # product exponents
+        ea = shift // 2
+        a = np.concatenate([[2.0**half, -(2.0**half)],
+                            np.ldexp(rng.integers(1, 8, k - 2), ea) * rng.choice((-1, 1), k - 2)])
+        b = np.concatenate([[2.0**half] * 2, np.ldexp(rng.integers(1, 8, k - 2), shift - ea)])
+        c = float(rng.choice((0.0, 2.0**(2 * half - f))))
+        d = mpt.mma(_array(a, fmt, (1, k)), _array(b, fmt, (k, 1)), np.full((1, 1), c, np.float32),
+                    model=model, in_format=fmt)
+        want = mme_dot_reference(a.tolist(), b.tolist(), c, chip="gaudi2", fmt=fmt,
+                                 fraction_bits=f)
+        assert int(d.view(np.uint32)[0, 0]) == _fp32_bits(want)
+        changed += want != mme_dot_reference(a.tolist(), b.tolist(), c, chip="gaudi2", fmt=fmt)
+    assert changed                      # the vectors tell F from the MME's own
+    with pytest.raises(ValueError, match="fraction_bits"):
+        replace(base, configs=(replace(cfg, fraction_bits=cfg.fraction_bits + 1),))
+    g3 = mpt.get_mma_model("gaudi3")
+    with pytest.raises(ValueError, match="fraction_bits"):
+        replace(g3, configs=(replace(g3.configs[0], fraction_bits=23),))

@@ -31,8 +31,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from mpt.characterize import runner
 from mpt.characterize.probes import factor
-from mpt.engines import MMAModel, get_mma_model, mma
+from mpt.engines import MMAModel, get_mma_model
 from mpt.formats import get_format
 from mpt.rounding import round as _round
 
@@ -40,40 +41,53 @@ __all__ = ["MptAdapter", "TorchAdapter", "get_adapter", "with_fraction_bits", "c
 
 
 class MptAdapter:
-    """Probes computed by ``mpt.mma`` with one model — the instruction variant ``variant``
-    (None: the variant ``mpt.mma`` picks by default for each input format) and ``options``
-    (the kind's keyword options). Its pairs are every (input, output) format pair of those
-    configurations; a configuration that ``mpt.mma`` cannot run without inputs the protocol does
-    not carry (block scales, required options) raises from :meth:`run`, and the
-    characterization reports that pair as not probed, with the reason."""
+    """Probes computed by one mpt model, as :mod:`mpt.characterize.runner` computes a
+    configuration (block-scaled instructions with unit scales, software configurations through
+    ``mpt.gemm``) — the instruction variant ``variant`` (None: the variant ``mpt.mma`` picks by
+    default for each input format) and ``options`` (the kind's keyword options). Its pairs are
+    every (input, output) format pair of those configurations; :meth:`not_probed` lists the
+    model's other instruction variants, which another adapter (``variant=``) probes."""
 
     def __init__(self, model, variant: str | None = None, name: str | None = None, **options):
         self.model = get_mma_model(model)
         self.variant, self.options = variant, options
         self.name = name or f"mpt:{self.model.name}" + (f"[{variant}]" if variant else "") + \
             "".join(f",{k}={v}" for k, v in self.model.choices)
-
-    def _configs(self):
-        for cfg in self.model.configs:
-            for fin in cfg.inputs:
-                chosen = self.variant or self.model.config(fin, fin).variant
-                if cfg.variant == chosen:
-                    yield fin, cfg
+        formats = dict.fromkeys(f for cfg in self.model.configs for f in cfg.inputs
+                                if variant is None or cfg.variant == variant)
+        if not formats:
+            raise ValueError(f"variant must be one of {', '.join(map(repr, self.model.variants))}"
+                             f" for model {self.model.name!r}; got {variant!r}")
+        self._configs = {fin: self.model.config(fin, fin, variant) for fin in formats}
 
     def pairs(self) -> tuple[tuple[str, str], ...]:
-        return tuple((fin, out) for fin, cfg in self._configs() for out, _, _ in cfg.outputs)
+        return tuple((fin, out) for fin, cfg in self._configs.items() for out, _, _ in cfg.outputs)
 
     def instruction_k(self, in_format: str, out_format: str) -> int:
-        return 1          # mpt.mma chains any K in the model's blocks
+        return runner.instruction_k(self.model, self._configs[in_format])
 
     def evidence(self, in_format: str, out_format: str) -> str:
-        return self.model.config(in_format, in_format, self.variant).evidence
+        return self._configs[in_format].evidence
+
+    def note(self, in_format: str, out_format: str) -> str:
+        cfg = self._configs[in_format]
+        text = f"variant {cfg.variant}: {cfg.instruction}"
+        extra = runner.how(self.model, cfg)
+        return text + (f"; {extra}" if extra else "")
+
+    def not_probed(self) -> list[str]:
+        """The model's instruction variants this adapter does not compute, with the reason."""
+        used = {cfg.variant for cfg in self._configs.values()}
+        others = [v for v in self.model.variants if v not in used]
+        if not others:
+            return []
+        return [f"{self.model.name}: {len(others)} other instruction variant"
+                f"{'s' if len(others) > 1 else ''}, each probed on its own (--variant NAME): "
+                + ", ".join(others)]
 
     def run(self, a, b, c, in_format: str, out_format: str) -> np.ndarray:
-        d = mma(a[:, None, :], b[:, :, None], c[:, None, None], model=self.model,   # (P, 1, 1)
-                in_format=in_format, out_format=out_format, variant=self.variant,
-                **self.options)
-        return d.reshape(-1)
+        return runner.compute(self.model, a, b, c, in_format, out_format,
+                              self._configs[in_format].variant, self.options)
 
 
 def with_fraction_bits(model, delta: int = -1) -> MMAModel:

@@ -23,7 +23,7 @@ from mpt.characterize.probes import ProbeSet
 from mpt.engines.operands import output_params, roundings
 from mpt.formats import get_format
 
-__all__ = ["Finding", "read_all", "read_zero", "values"]
+__all__ = ["Finding", "read_all", "read_zero", "read_nans", "read_long", "values"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,16 @@ def values(ps: ProbeSet, d: np.ndarray) -> np.ndarray:
 def _rows(ps, family):
     """{args: row} of one family (args: the key without the family name)."""
     return {ps.keys[i][1:]: i for i in ps.rows(family)}
+
+
+def _products(n: int) -> str:
+    return "1 product" if n == 1 else f"{n} products"
+
+
+def _length(ps, family) -> int:
+    """The K of a family's rows (0 if it has none)."""
+    rows = ps.rows(family)
+    return int(ps.lengths[rows[0]]) if rows else 0
 
 
 def _leading(flags: list[bool]) -> tuple[int, bool]:
@@ -140,11 +150,11 @@ def _tree_hypotheses(k):
 
 _TREE_TEXT = {
     "exact": "no rounding between the products: the whole sum is exact (one rounding)",
-    "chain": "blocks of {b} products, chained in increasing k (each block's result is the next "
+    "chain": "blocks of {b}, chained in increasing k (each block's result is the next "
              "block's C), C in the first block",
-    "chain_down": "blocks of {b} products, chained in decreasing k (the last block first), C in "
+    "chain_down": "blocks of {b}, chained in decreasing k (the last block first), C in "
                   "the first block computed",
-    "pairwise": "pairwise trees of {b} products, each tree's sum added to a running accumulator "
+    "pairwise": "pairwise trees of {b}, each tree's sum added to a running accumulator "
                 "in increasing k",
 }
 
@@ -154,7 +164,7 @@ def read_tree(ps, d, fraction_bits) -> tuple[Finding, int | None]:
     survive tells the smallest subtree holding both large ones), or, where the formats cannot
     swamp (gap too small), the block size from the ``pairs`` probes. Returns the finding and L
     of a chain of blocks (None otherwise)."""
-    k = int(ps.lengths.max())
+    k = _length(ps, "fprev") or _length(ps, "pairs")
     rows = _rows(ps, "fprev")
     params = ps.params.get("fprev")
     # every sum of up to K small leaves must lie below both the alignment grid and half an ulp
@@ -166,12 +176,13 @@ def read_tree(ps, d, fraction_bits) -> tuple[Finding, int | None]:
         for kind, size, predict in _tree_hypotheses(k):
             if all(got[args] == predict(*args) for args in got):
                 value = {"tree": kind, "size": size, "source": "fprev", "c_first": True}
-                return Finding("summation", value, _TREE_TEXT[kind].format(b=size)), \
+                return Finding("summation", value, _TREE_TEXT[kind].format(b=_products(size))), \
                     size if kind == "chain" else None
         ints = {a: v for a, v in got.items() if a[0] != "c"}
         for kind, size, predict in _tree_hypotheses(k):
             if all(v == predict(*a) for a, v in ints.items()):
-                text = _TREE_TEXT[kind].format(b=size).replace(", C in the first block", "")
+                text = _TREE_TEXT[kind].format(b=_products(size))
+                text = text.replace(", C in the first block", "")
                 c_end = all(v == 0 for a, v in got.items() if a[0] == "c")
                 text += "; C added after the products" if c_end else "; C joins irregularly"
                 value = {"tree": kind, "size": size, "source": "fprev", "c_first": False}
@@ -200,7 +211,7 @@ def _read_pairs(ps, d, k) -> tuple[Finding, int | None]:
             if size == k:
                 return Finding("summation", value, f"one rounding for all {k} products (the "
                                "formats are too narrow for the FPRev probes)"), None
-            return Finding("summation", value, f"a rounding after every {size} products (pair "
+            return Finding("summation", value, f"a rounding after every {_products(size)} (pair "
                            f"probes; the formats are too narrow to show the order)"), size
     return Finding("summation", {"tree": None, "source": "pairs"},
                    "irregular: the pair probes fit no fixed group size"), None
@@ -218,10 +229,11 @@ _DIRECTIONS = {
 }
 
 
-def read_rounding(ps, d, fraction_bits) -> Finding:
+def read_rounding(ps, d, fraction_bits, block=None) -> Finding:
     """Precision p (c = 2^s − 1 plus 1 + 1 = 2^s + 1 is kept iff s ≤ p − 1, and the ones are
-    not lost to the alignment: s − 1 ≤ F) and direction (MMA-Sim's table of sums a quarter,
-    half, three quarters and one and a half ulp above 2^(p−1), both signs)."""
+    not lost to the alignment: s − 1 ≤ F; where F hides p, the ``carry`` rows, when its nine
+    terms share one block: ``block`` None or at least 9) and direction (MMA-Sim's table of sums
+    a quarter, half, three quarters and one and a half ulp above 2^(p−1), both signs)."""
     rows = _rows(ps, "round")
     fout = get_format(ps.out_format)
     plus = sorted((s, i) for (s, x, sign), i in rows.items()
@@ -231,7 +243,12 @@ def read_rounding(ps, d, fraction_bits) -> Finding:
     kept = list(ps.out_bits([2.0**s + 1 for s, _ in plus]) == d[[i for _, i in plus]])
     n, regular = _leading(kept)
     precision = n + 1
-    limited = fraction_bits is not None and n == fraction_bits + 1 and precision < fout.precision
+    # the ones sit F bits below c's top bit in its own block, F + 1 below in a later one
+    limited = fraction_bits is not None and n >= fraction_bits and precision < fout.precision
+    carried = _carried(ps, d) if block is None or block >= 9 else None   # min(F, p − 4)
+    if carried is not None and (fraction_bits is None or carried < fraction_bits) and \
+            carried + 4 <= fout.precision:
+        precision, limited = carried + 4, False
     value = {"precision": None if limited else precision,
              "precision_at_least": precision if limited else None, "direction": None}
     text = (f"at least {precision} bits (the alignment F = {fraction_bits} hides more)"
@@ -259,6 +276,17 @@ def read_rounding(ps, d, fraction_bits) -> Finding:
         value["named"] = named
         text += f" ({named})"
     return Finding("rounding", value, text)
+
+
+def _carried(ps, d) -> int | None:
+    """The last j whose ``carry`` row keeps 2^(E−j) beside 2^(E+3) (None without rows)."""
+    rows = sorted(_rows(ps, "carry").items())
+    if not rows:
+        return None
+    e = ps.params["carry"]["E"]
+    want = ps.out_bits([2.0**(e + 3) + 2.0**(e - j) for (j,), _ in rows])
+    n = _leading(list(want == d[[i for _, i in rows]]))[0]
+    return None if n == len(rows) else n           # every row kept: the format's range ends
 
 
 def _named(value, fout):
@@ -388,6 +416,60 @@ def read_special(ps, d) -> Finding:
     return Finding("specials", seen, text)
 
 
+def read_nans(ps, d) -> Finding:
+    """Which NaN comes out when several meet (the ``nans`` rows): for each row of several NaNs,
+    "first" or "last" when it gives what the first or the last of them (in the order c, a_0,
+    b_0, a_1, ...) gives alone, "same" when both alone give the same NaN (a canonical NaN)."""
+    rows, params = _rows(ps, "nans"), ps.params.get("nans")
+    if not rows or not params:
+        return Finding("nans", None, "not observable with these formats")
+    width = 2 * np.dtype(_bits_dtype(ps)).itemsize
+    out = {}
+    for name, (first, last) in params["pairs"].items():
+        if (name,) not in rows:
+            continue
+        got, alone = d[rows[(name,)]], (d[rows[(first,)]], d[rows[(last,)]])
+        out[name] = "same" if got == alone[0] == alone[1] else "first" if got == alone[0] else \
+            "last" if got == alone[1] else f"{int(got):0{width}x}"
+    kinds = set(out.values())
+    if kinds == {"same"}:
+        text = "one NaN, whatever the payloads met (a canonical NaN)"
+    elif kinds <= {"first", "same"}:
+        text = "the first NaN met comes out (order c, a_0, b_0, a_1, b_1, ...)"
+    elif kinds <= {"last", "same"}:
+        text = "the last NaN met comes out (order c, a_0, b_0, a_1, b_1, ...)"
+    else:
+        text = "several NaNs: " + ", ".join(f"{k}: {v}" for k, v in out.items())
+    return Finding("nans", out, text)
+
+
+def read_long(ps, d, fraction_bits) -> Finding:
+    """Where C joins the sum over K = 256 (the ``long`` FPRev rows, +M in c and −M at k_j):
+    every y up to the end of the block, instruction or pass holding k_j is lost, so the count
+    of surviving y gives its length L (one product at a time: L = 1; no rounding: none lost)."""
+    rows, params = _rows(ps, "long"), ps.params.get("fprev")
+    if not rows or not params:
+        return Finding("passes", None, "not observable with these formats")
+    k = _length(ps, "long")
+    need = max(fraction_bits or 0, get_format(ps.out_format).precision) + 1 + (k - 1).bit_length()
+    if params["gap"] < need:
+        return Finding("passes", None, "not observable with these formats")
+    y = 2.0 ** params["E_y"]
+    got = {j: values(ps, d[[i]])[0] / y for (_, j), i in rows.items()}
+    if all(v == k - 1 for v in got.values()):
+        return Finding("passes", {"size": None, "exact": True},
+                       f"no rounding between C and {k} products")
+    sizes = [size for size in range(1, k + 1)
+             if all(v == k - min(k, size * (j // size + 1)) for j, v in got.items())]
+    if not sizes:
+        return Finding("passes", {"size": None, "exact": False},
+                       f"irregular: C joins no fixed length of products (K = {k} probes)")
+    text = f"C joins the sum after every {_products(sizes[0])} (K = {k} probes)"
+    if len(sizes) > 1:
+        text += f"; {', '.join(map(str, sizes[1:]))} fit the sampled rows too"
+    return Finding("passes", {"size": sizes[0], "sizes": sizes, "exact": False}, text)
+
+
 def read_product(ps, d) -> Finding:
     """Whether products beyond the output's range, below its quantum or wider than its
     precision enter the sum exactly (each row's exact result is a value of the output)."""
@@ -406,7 +488,9 @@ def read_all(ps: ProbeSet, d: np.ndarray) -> tuple[dict[str, Finding], dict]:
     (``fraction_bits``, ``block``; the rounding and e_zero are chosen by the fit)."""
     alignment, f = read_alignment(ps, d)
     tree, block = read_tree(ps, d, f)
-    findings = [alignment, tree, read_rounding(ps, d, f), read_sign(ps, d),
-                read_subnormal(ps, d), read_special(ps, d), read_product(ps, d)]
+    findings = [alignment, tree, read_long(ps, d, f), read_rounding(ps, d, f, block),
+                read_sign(ps, d),
+                read_subnormal(ps, d), read_special(ps, d), read_nans(ps, d),
+                read_product(ps, d)]
     return {x.name: x for x in findings}, {"fraction_bits": f, "block": block}
 

@@ -26,7 +26,7 @@ from mpt.rounding import SPECIALISE_MIN
 from mpt.rounding import round as _round
 
 __all__ = ["Product", "pow2", "ProbeSet", "ProbeBuilder", "fits", "exact_in", "pow2_range",
-           "factor", "bits_of", "probe_name"]
+           "factor", "bits_of", "probe_name", "nan_patterns", "value_bits"]
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,9 @@ def factor(m: int, e: int, fmt_name: str):
 @dataclass
 class ProbeSet:
     """Probe rows for one (input format, output format) pair: ``a``, ``b`` (P, K) and ``c``
-    (P,) in the formats' storage dtypes (float32 for tf32), and per row its ``family``, ``key``
-    (the family's arguments) and ``note`` (what the row computes, for reports)."""
+    (P,) in the formats' storage dtypes (float32 for tf32), and per row its ``family``, its key
+    in ``keys`` (the family and its arguments) and ``note`` (what the row computes, for
+    reports)."""
 
     in_format: str
     out_format: str
@@ -147,6 +148,9 @@ class ProbeSet:
     keys: list[tuple]
     notes: list[str]
     params: dict = field(default_factory=dict)
+    #: what identifies a whole battery (``build_battery``'s arguments), None for any other set:
+    #: results of a model on it can be kept and reused (:mod:`mpt.characterize.runner`)
+    key: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -191,6 +195,34 @@ def bits_of(x: np.ndarray, fmt) -> np.ndarray:
     return x.view(UNSIGNED[x.dtype.itemsize])
 
 
+def value_bits(x: float, fmt) -> int:
+    """The storage bit pattern of an exact value (or ±Inf) of ``fmt``."""
+    name = get_format(fmt).name
+    return int(bits_of(_store(np.array([x], np.float64), name), name)[0])
+
+
+def nan_patterns(fmt) -> list[int]:
+    """Distinct NaN storage patterns of ``fmt``, for probes that meet several NaNs: the two
+    largest positive ones (quiet NaNs with different payloads where the format has them) and the
+    largest negative one, as many as exist; [] for a format without NaN. A format stored in 32
+    or 64 bits (tf32 and the custom formats included) gets IEEE quiet NaNs of that width whose
+    payloads differ above tf32's 13 dropped bits."""
+    fmt = get_format(fmt)
+    if not fmt.has_nan:
+        return []
+    size = np.dtype(fmt.dtype).itemsize
+    sign = 1 << (8 * size - 1)
+    if size >= 4:
+        top = sign - 1                           # 0x7FFF...: exponent, quiet bit, payload all set
+        return [top, top - (1 << 13), sign | top]
+    codes = np.arange(1 << (8 * size), dtype=UNSIGNED[size])                       # (2^bits,)
+    with np.errstate(invalid="ignore", over="ignore"):
+        nan = codes[np.isnan(codes.view(fmt.dtype).astype(np.float32))]
+    positive = [int(c) for c in nan if not int(c) & (1 << (fmt.bits - 1))]
+    negative = [int(c) for c in nan if int(c) & (1 << (fmt.bits - 1))]
+    return positive[::-1][:2] + negative[-1:]
+
+
 class ProbeBuilder:
     """Collects probes for one (input, output) format pair and K, then builds a
     :class:`ProbeSet`.
@@ -199,11 +231,12 @@ class ProbeBuilder:
     into operands by the builder) or to an explicit (a, b) pair of input values; c is an exact
     output value. It returns False, adding nothing, when the formats cannot hold the probe.
     ``add_bits`` takes raw storage bit patterns (the spec vectors given in hex). ``k``: the
-    longest row; a row may be shorter (``length``).
+    usual row length; a row may be shorter or longer (``length``, at most ``width``).
     """
 
-    def __init__(self, in_format: str, out_format: str, k: int = 64):
+    def __init__(self, in_format: str, out_format: str, k: int = 64, width: int | None = None):
         self.fin, self.fout, self.k = get_format(in_format), get_format(out_format), k
+        self.width = max(k, width or k)
         self._a, self._b, self._c, self._len = [], [], [], []
         self._raw: dict[int, tuple] = {}
         self.families, self.keys, self.notes = [], [], []
@@ -217,7 +250,7 @@ class ProbeBuilder:
         """One probe with key ``(family, *args)``: the products or (a, b) pairs of ``terms`` at
         their positions, zeros elsewhere, and c; ``length``: its K (default the builder's).
         False (nothing added) if the formats cannot hold it."""
-        row_a, row_b = [0.0] * self.k, [0.0] * self.k
+        row_a, row_b = [0.0] * self.width, [0.0] * self.width
         fin = self.fin.name
         for pos, term in terms.items():
             if isinstance(term, Product):
@@ -234,8 +267,10 @@ class ProbeBuilder:
         return self._append(family, args, row_a, row_b, c, note or _note(terms, c), length)
 
     def add_values(self, family: str, args: tuple, a: list, b: list, c: float, note: str) -> bool:
-        """A probe of K values a and b (and c) that the caller made exact in the formats."""
-        return self._append(family, args, list(a), list(b), c, note, None)
+        """A probe of values a and b (its K: their length) and c that the caller made exact in
+        the formats."""
+        pad = [0.0] * (self.width - len(a))
+        return self._append(family, args, list(a) + pad, list(b) + pad, c, note, len(a))
 
     def _append(self, family, args, row_a, row_b, c, note, length) -> bool:
         self._a.append(row_a)
@@ -250,11 +285,11 @@ class ProbeBuilder:
     def add_bits(self, family: str, args: tuple, a_bits, b_bits, c_bits: int, note: str,
                  length: int) -> bool:
         """A probe given as storage bit patterns (a, b: up to ``length`` each, zero-padded)."""
-        if max(len(a_bits), len(b_bits)) > length or length > self.k:
+        if max(len(a_bits), len(b_bits)) > length or length > self.width:
             return False
         self._raw[len(self._a)] = (list(a_bits), list(b_bits), int(c_bits))
-        self._a.append([0.0] * self.k)
-        self._b.append([0.0] * self.k)
+        self._a.append([0.0] * self.width)
+        self._b.append([0.0] * self.width)
         self._c.append(0.0)
         self._len.append(length)
         self.families.append(family)
@@ -262,15 +297,16 @@ class ProbeBuilder:
         self.notes.append(note)
         return True
 
-    def build(self) -> ProbeSet:
-        a = _store(np.array(self._a, np.float64).reshape(-1, self.k), self.fin.name)   # (P, K)
-        b = _store(np.array(self._b, np.float64).reshape(-1, self.k), self.fin.name)   # (P, K)
+    def build(self, key: tuple | None = None) -> ProbeSet:
+        """The probe set (``key``: what identifies it, :attr:`ProbeSet.key`)."""
+        a = _store(np.array(self._a, np.float64).reshape(-1, self.width), self.fin.name)  # (P, K)
+        b = _store(np.array(self._b, np.float64).reshape(-1, self.width), self.fin.name)  # (P, K)
         c = _store(np.array(self._c, np.float64), self.fout.name)                       # (P,)
         ab, bb, cb = bits_of(a, self.fin), bits_of(b, self.fin), bits_of(c, self.fout)
         for row, (ra, rb, rc) in self._raw.items():
             ab[row, :len(ra)], bb[row, :len(rb)], cb[row] = ra, rb, rc
         return ProbeSet(self.fin.name, self.fout.name, a, b, c, np.array(self._len, np.int64),
-                        self.families, self.keys, self.notes, self.params)
+                        self.families, self.keys, self.notes, self.params, key)
 
 
 def _store(values: np.ndarray, fmt: str) -> np.ndarray:

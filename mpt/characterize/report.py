@@ -3,17 +3,21 @@ from __future__ import annotations
 
 __all__ = ["format_text"]
 
-_ORDER = ("alignment", "summation", "rounding", "zeros", "signs", "subnormals", "products",
-          "specials")
+_ORDER = ("alignment", "summation", "passes", "rounding", "zeros", "signs", "subnormals",
+          "products", "specials", "nans")
 
 
 def format_text(ch, *, max_differences: int | None = None) -> str:
-    """The report: per pair the findings, the fitted block model, the spec vectors, the matching
-    models or the nearest one with every differing parameter and probe; then the verdict."""
+    """The report: per pair how it was probed, the findings, the fitted block model (or a changed
+    registered configuration), the spec vectors, the matching models or the nearest one with
+    every differing parameter and probe; then what was not probed, the verdict and what the
+    probes say of each assumed rule of the matching models."""
     lines = [f"adapter: {ch.adapter}", ""]
     for p in ch.pairs:
         lines += _pair(ch, p, max_differences) + [""]
+    lines += [f"not probed: {text}" for text in ch.not_probed]
     lines.append(f"verdict: {ch.verdict}")
+    lines += [f"  {s.model}: {s.text}" for s in ch.settlements]
     if ch.model is not None:
         lines.append(f"model: {ch.source} (loadable with mpt.engines.load_model)")
     return "\n".join(lines)
@@ -25,7 +29,7 @@ def _pair(ch, p, max_differences) -> list[str]:
     head = f"{p.label}: {len(p.probes)} probes"
     if p.not_run:
         head += f" ({len(p.not_run)} more the adapter cannot run)"
-    lines = [head]
+    lines = [head] + ([f"  {'how ':.<14} {p.note}"] if p.note else [])
     for name in _ORDER:
         if name in p.findings:
             lines.append(f"  {name + ' ':.<14} {p.findings[name].text}")
@@ -41,6 +45,10 @@ def _pair(ch, p, max_differences) -> list[str]:
             (" ..." if fit.mismatches.size > 8 else "")
         lines.append(f"  block model   L = {fp['block']}, F = {fp['fraction_bits']}, "
                      f"{fp['rounding']}, e_zero = {fp['e_zero']}{seen}: {state}")
+    if p.family is not None:
+        lines.append(f"  {'changed ':.<14} {p.family.base.label} with "
+                     + ", ".join(f"{k} = {new}" for k, (new, _) in p.family.changes.items())
+                     + " reproduces every probe")
     spec = p.spec_results()
     if spec:
         lines.append("  spec vectors  " + "; ".join(

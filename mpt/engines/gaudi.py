@@ -239,11 +239,17 @@ class GaudiOperands(Operands):
     @classmethod
     def check_config(cls, cfg):
         """``params`` name a chip and family of :data:`MME_CONFIGS`, whose width and F the
-        configuration repeats; one fp32 output."""
+        configuration repeats — except that Gaudi 2's kernel takes any F from 0 to the MME's
+        (fewer bits keep every sum exact: a fault-injected copy, ``mpt.characterize.
+        with_fraction_bits``); one fp32 output."""
         mme = mme_config(cfg.param("chip"), cfg.param("family"))
-        if (cfg.block, cfg.fraction_bits) != (mme.width, mme.fraction_bits):
+        f_ok = cfg.fraction_bits == mme.fraction_bits or (
+            mme.chip == "gaudi2" and isinstance(cfg.fraction_bits, int)
+            and 0 <= cfg.fraction_bits < mme.fraction_bits)
+        if cfg.block != mme.width or not f_ok:
             raise ValueError(f"block and fraction_bits must be the MME's {mme.width} and "
-                             f"{mme.fraction_bits}; got {cfg.block} and {cfg.fraction_bits}")
+                             f"{mme.fraction_bits} (Gaudi 2: F at most that); got {cfg.block} "
+                             f"and {cfg.fraction_bits}")
         if [o[0] for o in cfg.outputs] != ["fp32"]:
             raise ValueError(f"the MME has one fp32 output; got {cfg.outputs!r}")
 
@@ -278,7 +284,7 @@ class GaudiOperands(Operands):
         args = (va, wa, na, vb, wb, nb, acc, self.ia, self.ib, k0, k1, self.mme.width,
                 self.pair_a, self.pair_b)
         if self.mme.chip == "gaudi2":
-            _mme.gaudi2_chain(*args, self.mme.fraction_bits, self.mme.normalised)
+            _mme.gaudi2_chain(*args, self.cfg.fraction_bits, self.mme.normalised)
         else:
             _mme.gaudi3_chain(*args)
 

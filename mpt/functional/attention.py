@@ -49,7 +49,7 @@ from mpt.formats import get_format
 from mpt.autograd.function import Function
 from mpt.functional._common import (as_rows, check_tensor, common_format, unbroadcast,
                                     work_dtype)
-from mpt.functional.linalg import gemm, gemm_model
+from mpt.functional.linalg import gemm_model, matmul_acc
 from mpt.functional.nn_ops import dropout_mask
 from mpt.functional.rng import next_stream
 from mpt.functional.shape import getitem
@@ -84,7 +84,7 @@ class Attention(Function):
     def forward(ctx, q, k, v, fmt, scale, mask, additive, dropout):
         work = work_dtype(fmt)
         ctx.model = current_model()
-        s = gemm(q, _t(k), fmt, ctx.model) * work(scale)                        # (..., L, S) FP32
+        s = matmul_acc(q, _t(k), fmt, ctx.model) * work(scale)                        # (..., L, S) FP32
         with np.errstate(invalid="ignore", over="ignore"):
             if additive is not None:
                 s = s + additive
@@ -105,25 +105,25 @@ class Attention(Function):
         p_f = round_to(p_used, fmt)                                   # P in F for the 2nd GEMM
         ctx.out_format, ctx.scale = fmt, work(scale)
         ctx.save_for_backward(q, k, v, p, p_f, keep)
-        return round_to(gemm(p_f, v, fmt, ctx.model), fmt)
+        return round_to(matmul_acc(p_f, v, fmt, ctx.model), fmt)
 
     @staticmethod
     def backward(ctx, g):
         q, k, v, p, p_f, keep = ctx.saved
         fmt = ctx.out_format
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        dv = unbroadcast(gemm(_t(p_f), g, fmt, ctx.model), v.shape) if need_v else None
+        dv = unbroadcast(matmul_acc(_t(p_f), g, fmt, ctx.model), v.shape) if need_v else None
         if not (need_q or need_k):
             return None, None, dv, None, None, None, None, None
-        dp = gemm(g, _t(v), fmt, ctx.model)                                      # (..., L, S) FP32
+        dp = matmul_acc(g, _t(v), fmt, ctx.model)                                      # (..., L, S) FP32
         if keep is not None:
             dp = (dp * keep) * ctx.drop_scale
         shape = p.shape
         with np.errstate(invalid="ignore", over="ignore"):
             ds = softmax_backward_rows(as_rows(p), as_rows(dp))
             ds = round_to(ds.reshape(shape) * ctx.scale, fmt)
-        dq = unbroadcast(gemm(ds, k, fmt, ctx.model), q.shape) if need_q else None
-        dk = unbroadcast(gemm(_t(ds), q, fmt, ctx.model), k.shape) if need_k else None
+        dq = unbroadcast(matmul_acc(ds, k, fmt, ctx.model), q.shape) if need_q else None
+        dk = unbroadcast(matmul_acc(_t(ds), q, fmt, ctx.model), k.shape) if need_k else None
         return dq, dk, dv, None, None, None, None, None
 
 

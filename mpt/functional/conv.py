@@ -21,7 +21,7 @@ from mpt._checks import check_int
 from mpt.functional.autocast import autocast_op, current_model
 from mpt.autograd.function import Function
 from mpt.functional._common import check_tensor, common_format, sum_axes
-from mpt.functional.linalg import gemm
+from mpt.functional.linalg import matmul_acc
 from mpt.kernels import conv as kernels
 from mpt.autograd.tensor import opmath, round_to
 
@@ -60,7 +60,7 @@ class Conv2d(Function):
         cols = cols.view(x.dtype).reshape(n, L, groups, kk)                     # (n, L, G, kk)
         cols = np.ascontiguousarray(cols.transpose(0, 2, 1, 3))                 # (n, G, L, kk)
         wg = np.ascontiguousarray(w.reshape(groups, og, kk).transpose(0, 2, 1))  # (G, kk, og)
-        acc = gemm(cols, wg, fmt, ctx.model)                                    # (n, G, L, og)
+        acc = matmul_acc(cols, wg, fmt, ctx.model)                                    # (n, G, L, og)
         acc = acc.transpose(0, 1, 3, 2).reshape(n, o, ho, wo)                   # (n, o, ho, wo)
         if b is not None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -82,13 +82,13 @@ class Conv2d(Function):
         g4 = np.ascontiguousarray(g4)
         dx = dw_ = db = None
         if need_x:
-            dcols = gemm(g4, w.reshape(groups, og, kk), fmt, ctx.model)         # (n, G, L, kk)
+            dcols = matmul_acc(g4, w.reshape(groups, og, kk), fmt, ctx.model)         # (n, G, L, kk)
             dcols = np.ascontiguousarray(dcols.transpose(0, 2, 1, 3)).reshape(n, L, c * kh * kw)
             dx = kernels.col2im(dcols, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
         if need_w:
             gk = np.ascontiguousarray(g4.transpose(1, 3, 0, 2)).reshape(groups, og, n * L)
             ck = np.ascontiguousarray(cols.transpose(1, 0, 2, 3)).reshape(groups, n * L, kk)
-            dw_ = gemm(gk, ck, fmt, ctx.model).reshape(w.shape)                 # (G, og, kk)
+            dw_ = matmul_acc(gk, ck, fmt, ctx.model).reshape(w.shape)                 # (G, og, kk)
         if need_b:
             db = sum_axes(opmath(g), (0, 2, 3))
         return dx, dw_, db, None, None

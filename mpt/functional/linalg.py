@@ -55,7 +55,7 @@ def gemm_model(fmt, model: str) -> str:
     return model
 
 
-def gemm(a: np.ndarray, b: np.ndarray, fmt, model: str) -> np.ndarray:
+def matmul_acc(a: np.ndarray, b: np.ndarray, fmt, model: str) -> np.ndarray:
     """``a @ b`` (batch dims broadcast) of two storage arrays of ``fmt``, as a float32 (float64 in
     fp64 mode) array, through ``model`` (the ops pass the model active at their forward: the
     backward GEMMs run on the same model even when ``backward()`` is called outside the region)."""
@@ -152,15 +152,15 @@ class Matmul(Function):
     def forward(ctx, a, b, fmt):
         ctx.out_format, ctx.model = fmt, current_model()
         ctx.save_for_backward(a, b)
-        return round_to(gemm(a, b, fmt, ctx.model), fmt)
+        return round_to(matmul_acc(a, b, fmt, ctx.model), fmt)
 
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved
         fmt = ctx.out_format
         need_a, need_b = ctx.needs_input_grad[:2]
-        ga = unbroadcast(gemm(g, _t(b), fmt, ctx.model), a.shape) if need_a else None
-        gb = unbroadcast(gemm(_t(a), g, fmt, ctx.model), b.shape) if need_b else None
+        ga = unbroadcast(matmul_acc(g, _t(b), fmt, ctx.model), a.shape) if need_a else None
+        gb = unbroadcast(matmul_acc(_t(a), g, fmt, ctx.model), b.shape) if need_b else None
         return ga, gb, None
 
 

@@ -23,7 +23,7 @@ from mpt.reference.optim import add32, fma32, mul32
 __all__ = [
     "decode_bits", "encode_bits", "round_fraction", "block_dot_reference", "exact_dot_reference",
     "ieee_fma_reference", "ieee_mul_add_reference", "dot_reference", "mma_reference",
-    "gemm_reference",
+    "gemm_reference", "special_result",
 ]
 
 # output rounding name -> (significant bits, emin, largest finite, nearest?, format of the bits)
@@ -108,8 +108,9 @@ def _nominal(x: float, emin: int) -> int:
     return max(math.frexp(x)[1] - 1, emin)
 
 
-def _specials(pairs, c):
-    """NaN / ±Inf result of a block or dot product if any, else None (spec §1 step 9)."""
+def special_result(pairs, c):
+    """NaN / ±Inf result of a block or dot product of ``pairs`` (x, y) plus ``c`` if any, else
+    None: NaN on a NaN input, Inf·0 or Inf of both signs; else the Inf's sign."""
     infs = set()
     for x, y in list(pairs) + [(c, 1.0)]:
         if math.isnan(x) or math.isnan(y):
@@ -125,7 +126,7 @@ def _specials(pairs, c):
 
 def _block(a, b, c, a_emin, b_emin, fraction_bits, e_zero, rounding):
     """One block of the truncated fused dot-product-add, literally as specs §1 steps 2-9."""
-    special = _specials(zip(a, b), c)
+    special = special_result(zip(a, b), c)
     if special is not None:
         return special
     terms = [(Fraction(x) * Fraction(y), _nominal(x, a_emin) + _nominal(y, b_emin))
@@ -153,7 +154,7 @@ def block_dot_reference(a, b, c, *, a_format, b_format, block, fraction_bits, e_
 def exact_dot_reference(a, b, c, *, rounding):
     """c + Σ a_k·b_k computed exactly and rounded once (RNE); specials as the block model,
     an exact zero is +0."""
-    special = _specials(zip(a, b), c)
+    special = special_result(zip(a, b), c)
     if special is not None:
         return special
     total = Fraction(c) + sum((Fraction(x) * Fraction(y) for x, y in zip(a, b)), Fraction(0))

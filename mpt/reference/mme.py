@@ -49,7 +49,7 @@ import math
 from fractions import Fraction
 
 from mpt.formats import get_format
-from mpt.reference.mma import decode_bits, encode_bits, round_fraction
+from mpt.reference.mma import decode_bits, encode_bits, round_fraction, special_result
 from mpt.reference.rounding import decode_value, round_exact
 
 __all__ = ["TREE_WIDTH", "family", "operand", "tree_reference", "mme_dot_reference",
@@ -137,21 +137,6 @@ def _terms(a, b, chip, fam):
     return terms
 
 
-def _specials(a, b, c):
-    """NaN / ±Inf of a tree if any (the rules of the module docstring), else None."""
-    infs = set()
-    for x, y in list(zip(a, b)) + [(c, 1.0)]:
-        if math.isnan(x) or math.isnan(y):
-            return math.nan
-        if math.isinf(x) or math.isinf(y):
-            if x == 0 or y == 0:
-                return math.nan
-            infs.add(math.copysign(1.0, x) * math.copysign(1.0, y))
-    if len(infs) == 2:
-        return math.nan
-    return infs.pop() * math.inf if infs else None
-
-
 def _truncated_sum(terms, anchor, fraction_bits) -> Fraction:
     q = Fraction(2) ** (anchor - fraction_bits)
     return sum((math.trunc(t / q) for t, _ in terms), 0) * q
@@ -166,23 +151,25 @@ def _formats(fmt):
     return fa, fb, family(fa)
 
 
-def tree_reference(a, b, c: float, *, chip: str, fmt) -> float:
+def tree_reference(a, b, c: float, *, chip: str, fmt, fraction_bits: int | None = None) -> float:
     """One tree of the chip: a, b sequences of at most W operand values (padded with zeros),
     c an FP32 value. ``fmt``: the operands' format, or a pair (format of a, format of b).
+    ``fraction_bits``: Gaudi 2's F when not the chip's (46, fp8: 24) — a fault-injected unit.
     Returns the FP32 result as a Python float."""
     fa, fb, fam = _formats(fmt)
     a = [operand(x, chip, fa) for x in a]
     b = [operand(y, chip, fb) for y in b]
     if chip == "gaudi2" and math.isfinite(c) and abs(c) < _FP32_MIN_NORMAL:
         c = 0.0                                                  # flushed (sign immaterial)
-    special = _specials(a, b, c)
+    special = special_result(zip(a, b), c)
     if special is not None:
         return special
     terms = _terms(a, b, chip, fam)
     if chip == "gaudi2":
         total = Fraction(c)
         if terms:
-            total += _truncated_sum(terms, max(e for _, e in terms), 24 if fam == "fp8" else 46)
+            f = fraction_bits if fraction_bits is not None else 24 if fam == "fp8" else 46
+            total += _truncated_sum(terms, max(e for _, e in terms), f)
         r = 0.0 if total == 0 else round_fraction(total, "rne_fp32")
         return 0.0 if abs(r) < _FP32_MIN_NORMAL else r             # flush, and +0 for zero
     if c != 0:
@@ -192,17 +179,19 @@ def tree_reference(a, b, c: float, *, chip: str, fmt) -> float:
     return 0.0 if total == 0 else round_fraction(total, "rz_fp32") + 0.0   # +0 for zero
 
 
-def mme_dot_reference(a, b, c=0.0, *, chip: str, fmt) -> float:
+def mme_dot_reference(a, b, c=0.0, *, chip: str, fmt, fraction_bits: int | None = None) -> float:
     """One output: c + Σ a_k·b_k walked tree by tree from k = 0 (module docstring).
 
     a, b: sequences of K values of ``fmt`` (one format or a pair); c: an FP32 value (default
-    +0). With K = 0 the result is c (Gaudi 2: plus the final +0, so -0 becomes +0).
+    +0); ``fraction_bits``: as :func:`tree_reference`. With K = 0 the result is c (Gaudi 2: plus
+    the final +0, so -0 becomes +0).
     """
     width = TREE_WIDTH[chip][_formats(fmt)[2]]
     if len(a) == 0 and chip == "gaudi2":
         return c + 0.0                                            # the final RNE "+ 0"
     for k0 in range(0, len(a), width):
-        c = tree_reference(a[k0:k0 + width], b[k0:k0 + width], c, chip=chip, fmt=fmt)
+        c = tree_reference(a[k0:k0 + width], b[k0:k0 + width], c, chip=chip, fmt=fmt,
+                           fraction_bits=fraction_bits)
     return c
 
 
