@@ -6,7 +6,7 @@ in the same run: best of ``--repeat`` rounds after one warm-up step, the configu
 interleaved in each round so that they see the same load on a shared machine:
 
 * ``mpt fp32``: fp32 parameters and activations, every GEMM ``ieee_fma`` (sequential FP32 FMA);
-* ``mpt bf16``: the same fp32 model under ``mpt.autocast(dtype="bf16", model="hopper")`` (GEMMs
+* ``mpt bf16``: the same fp32 model under ``mpt.autocast(format="bf16", model="hopper")`` (GEMMs
   in the Hopper Tensor Core model, backward outside the region as in PyTorch's recipe);
 * ``torch fp32``: the same architecture and weights in PyTorch on the CPU (only when torch is
   importable; it is not a dependency of mpt).
@@ -172,7 +172,7 @@ def main(argv=None) -> None:
     fp32 = lambda: mpt.matmul_model("ieee_fma")  # noqa: E731
     steps["mpt fp32 (ieee_fma)"] = lambda: mpt_step(model, idx, tgt, fp32)
     model16 = nn.GPT(**SHAPE, seed=0)
-    bf16 = lambda: mpt.autocast(dtype="bf16", model="hopper")  # noqa: E731
+    bf16 = lambda: mpt.autocast(format="bf16", model="hopper")  # noqa: E731
     steps["mpt bf16 autocast (hopper)"] = lambda: mpt_step(model16, idx, tgt, bf16)
     try:
         import torch
