@@ -28,14 +28,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.mma import block_finish, block_scale, block_start, pow2_floor
+from mpt.kernels.mma import (TILE_I, block_finish, block_scale, block_start, output_tile,
+                              pow2_floor, tile_counts)
 
 __all__ = ["GROUP", "INSTRUCTION_K", "group_chain", "scaled_terms"]
 
 GROUP = 16           # products summed exactly before scaling
 INSTRUCTION_K = 64   # products per instruction (four groups)
-_TILE_I = 32         # output rows per task
-_TILE_J = 64         # output columns per task
 
 
 @njit(cache=True, parallel=True)
@@ -118,18 +117,14 @@ def group_chain(a, b, sva, spa, svb, spb, acc, ia, ib, k0, k1, fraction_bits, ze
     fixed order, so the bits do not depend on threads.
     """
     nb, m, n = acc.shape
-    nti = (m + _TILE_I - 1) // _TILE_I
-    ntj = (n + _TILE_J - 1) // _TILE_J
+    nti, ntj = tile_counts(m, n)
     for t in prange(nb * nti * ntj):
-        z = t // (nti * ntj)
-        i0 = (t // ntj) % nti * _TILE_I
-        j0 = t % ntj * _TILE_J
-        w_n = min(j0 + _TILE_J, n) - j0
+        z, i0, j0, w_n = output_tile(t, nti, ntj, n)
         scratch = (np.empty(w_n), np.empty(w_n), np.empty(w_n), np.empty(w_n),
                    np.empty(w_n, np.float32))
         a_z, b_z = a[ia[z]], b[ib[z]]
         sva_z, spa_z, svb_z, spb_z = sva[ia[z]], spa[ia[z]], svb[ib[z]], spb[ib[z]]
         for kb in range(k0, k1, INSTRUCTION_K):
-            for i in range(i0, min(i0 + _TILE_I, m)):
+            for i in range(i0, min(i0 + TILE_I, m)):
                 _instruction_row(acc[z, i, j0:j0 + w_n], a_z[i], b_z, sva_z[i], spa_z[i], svb_z,
                                  spb_z, kb, j0, scratch, fraction_bits, zero_pow2, out)

@@ -49,8 +49,8 @@ _EXP_MASK = 0x7FF0000000000000
 _FRAC_MASK = (1 << 52) - 1
 _RECIP_BITS = 0x7FE0000000000000  # bits(2^e) + bits(2^-e) for a normal power of two 2^e
 
-_TILE_I = 32   # output rows per task (block model)
-_TILE_J = 64   # output columns per task: 64 float64 = 8 AVX-512 vectors
+TILE_I = 32   # output rows per task (block model)
+TILE_J = 64   # output columns per task: 64 float64 = 8 AVX-512 vectors
 
 
 def _bitcast(source, target):
@@ -208,6 +208,20 @@ def _block_row(d, va, pa, vb, pb, kb, ke, j0, scratch, fraction_bits, zero_pow2,
     block_finish(d, anchor, c_term, total, fraction_bits, out)
 
 
+@njit(inline="always")
+def tile_counts(m, n):
+    """The number of TILE_I-row and TILE_J-column output tiles of an (M, N) output."""
+    return (m + TILE_I - 1) // TILE_I, (n + TILE_J - 1) // TILE_J
+
+
+@njit(inline="always")
+def output_tile(t, nti, ntj, n):
+    """Task ``t`` of the (batch, output tile) tasks: batch z, first row i0, first column j0 and
+    the tile's width w_n (< TILE_J at the right edge)."""
+    j0 = t % ntj * TILE_J
+    return t // (nti * ntj), (t // ntj) % nti * TILE_I, j0, min(j0 + TILE_J, n) - j0
+
+
 @njit(cache=True, parallel=True)
 def block_chain(va, pa, vb, pb, acc, ia, ib, k0, k1, block, fraction_bits, zero_pow2, out):
     """Chain blocks of ``block`` products over k in [k0, k1), in increasing k, into acc.
@@ -235,18 +249,14 @@ def block_chain(va, pa, vb, pb, acc, ia, ib, k0, k1, block, fraction_bits, zero_
     fixed order, so the bits do not depend on threads.
     """
     nb, m, n = acc.shape
-    nti = (m + _TILE_I - 1) // _TILE_I
-    ntj = (n + _TILE_J - 1) // _TILE_J
+    nti, ntj = tile_counts(m, n)
     for t in prange(nb * nti * ntj):
-        z = t // (nti * ntj)
-        i0 = (t // ntj) % nti * _TILE_I
-        j0 = t % ntj * _TILE_J
-        w_n = min(j0 + _TILE_J, n) - j0
+        z, i0, j0, w_n = output_tile(t, nti, ntj, n)
         scratch = (np.empty(w_n), np.empty(w_n), np.empty(w_n), np.empty(w_n))
         a_v, a_p, b_v, b_p = va[ia[z]], pa[ia[z]], vb[ib[z]], pb[ib[z]]
         for kb in range(k0, k1, block):
             ke = min(kb + block, k1)
-            for i in range(i0, min(i0 + _TILE_I, m)):
+            for i in range(i0, min(i0 + TILE_I, m)):
                 _block_row(acc[z, i, j0:j0 + w_n], a_v[i], a_p[i], b_v, b_p, kb, ke, j0, scratch,
                            fraction_bits, zero_pow2, out)
 
