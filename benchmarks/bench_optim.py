@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
+from mpt.autograd.tensor import Tensor
 from mpt.nn import Parameter
 from mpt.optim import AdamW
-from mpt.autograd.tensor import Tensor
 
 
 def best_time(step, repeat):

@@ -147,7 +147,7 @@ def _cmd_formats(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from mpt.engines import mma_models, models_table_rows   # L1, imported when needed
+    from mpt.engines import mma_models, models_table_rows  # L1, imported when needed
 
     rows = models_table_rows()
     print(json.dumps([m.describe() for m in mma_models().values()], indent=2) if args.json
@@ -156,7 +156,7 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_targets(args) -> int:
-    from mpt.targets import targets, targets_table_rows   # L1, imported when needed
+    from mpt.targets import targets, targets_table_rows  # L1, imported when needed
 
     rows = targets_table_rows()
     print(json.dumps([t.describe() for t in targets().values()], indent=2) if args.json
@@ -379,7 +379,7 @@ def _add_plan(sub) -> None:
 
 
 def _cmd_characterize(args) -> int:
-    from mpt.characterize import characterize, get_adapter   # L5, imported when needed
+    from mpt.characterize import characterize, get_adapter  # L5, imported when needed
 
     assume = {}
     for item in args.assume or ():

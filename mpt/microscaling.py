@@ -62,8 +62,8 @@ import numpy as np
 
 from mpt import rounding as _rounding
 from mpt.formats import Format, get_format
-from mpt.kernels import mma as _mma
 from mpt.kernels import microscaling as K
+from mpt.kernels import mma as _mma
 from mpt.kernels.random import random_words
 
 __all__ = [

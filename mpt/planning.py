@@ -61,9 +61,9 @@ import math
 from dataclasses import dataclass
 
 from mpt._checks import check_int
-from mpt.nn.checkpoint import segment_sizes
-from mpt.formats import get_format
 from mpt.amp.recipes import get_recipe
+from mpt.formats import get_format
+from mpt.nn.checkpoint import segment_sizes
 
 __all__ = [
     "ScalingLaw", "CHINCHILLA", "EPOCH_AI", "KAPLAN_N_EXPONENT", "SCALING_LAWS",

@@ -63,7 +63,7 @@ class Progress:
         self._start = time.perf_counter()
         if enabled:
             try:
-                from tqdm import tqdm   # optional: the 'progress' extra
+                from tqdm import tqdm  # optional: the 'progress' extra
             except ImportError:
                 tqdm = None
             if tqdm is not None:

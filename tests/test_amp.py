@@ -4,14 +4,15 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import mpt
 from mpt.amp import GradScaler, ScalerUsageError, StaticLossScale
+from mpt.autograd.tensor import Tensor
 from mpt.nn import Parameter
 from mpt.optim import SGD, AdamW
 from mpt.reference.optim import f32, grad_scaler_reference
-from mpt.autograd.tensor import Tensor
 from mpt.testing import as_bits as bits
 
 

@@ -21,11 +21,11 @@ import mpt.functional as F
 from mpt import amp, fp8, lora, nn, optim, planning
 from mpt import quant as Q
 from mpt._checks import check_bool, check_finite, check_int, check_real
+from mpt.amp.linear import Fp8Linear
 from mpt.cli import main
 from mpt.kernels import quant as KQ
-from mpt.amp.linear import Fp8Linear
-from mpt.train.trainer import TrainConfig, Trainer, learning_rate
 from mpt.testing import as_bits as _bits
+from mpt.train.trainer import TrainConfig, Trainer, learning_rate
 
 NAN, INF = math.nan, math.inf
 F32 = np.ones(4, np.float32)

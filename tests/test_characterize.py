@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import mpt
-from mpt.characterize import (MptAdapter, characterize, get_adapter, with_fraction_bits)
+from mpt.characterize import MptAdapter, characterize, get_adapter, with_fraction_bits
 from mpt.characterize.adapters import c_prefix
 from mpt.characterize.match import Candidate, choice_sets
 from mpt.characterize.probes import ProbeSet, exact_in, factor, nan_patterns

@@ -6,11 +6,11 @@ import pytest
 
 import mpt
 from mpt.amp import GradScaler
-from mpt.train.diagnostics import (CastStats, cast_stats, first_non_finite, log2_histogram,
-                             lost_update_fraction, scale_trajectory, tensor_cast_stats)
+from mpt.autograd.tensor import Tensor
 from mpt.nn import Parameter
 from mpt.optim import SGD, CopyDownStats
-from mpt.autograd.tensor import Tensor
+from mpt.train.diagnostics import (CastStats, cast_stats, first_non_finite, log2_histogram,
+                                   lost_update_fraction, scale_trajectory, tensor_cast_stats)
 
 F32 = np.float32
 

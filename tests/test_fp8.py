@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from mpt.formats import get_format
-from mpt.fp8 import (
-    DelayedScaling, DelayedScalingState, current_scale, mx_quantize, quantize, quantize_current,
-)
+from mpt.fp8 import (DelayedScaling, DelayedScalingState, current_scale, mx_quantize, quantize,
+                     quantize_current)
 from mpt.reference.optim import delayed_scaling_reference, mx_scale_exponent_reference
 from mpt.testing import as_bits as bits
 

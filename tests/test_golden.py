@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 import mpt
-
 from mpt import golden
-from mpt.formats import get_format
 from mpt.cli import main
 from mpt.engines import mma_models
+from mpt.formats import get_format
 
 
 def as_bits(a):

@@ -6,9 +6,9 @@ import pytest
 import mpt
 import mpt.functional as F
 from mpt import nn
-from mpt.fp8 import DelayedScaling, quantize
 from mpt.amp.linear import Fp8Linear, Tf32Linear, replace_linears
 from mpt.autograd.tensor import Tensor
+from mpt.fp8 import DelayedScaling, quantize
 from mpt.testing import as_bits as _bits
 
 F32 = np.float32

@@ -7,8 +7,8 @@ import pytest
 
 import mpt
 import mpt.functional as F
-import mpt.quant.lora as lora
 import mpt.quant as Q
+import mpt.quant.lora as lora
 from mpt import nn
 from mpt.optim import AdamW
 from mpt.testing import assert_bits_equal

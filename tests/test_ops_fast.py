@@ -15,8 +15,8 @@ from numba import njit
 
 from mpt.formats import get_format
 from mpt.kernels import ops
-from mpt.kernels.tanh_ops import tanh as fast_tanh
 from mpt.kernels.attention import _round_format
+from mpt.kernels.tanh_ops import tanh as fast_tanh
 
 TANH_OPS = {"tanh": 2, "sigmoid": 3, "gelu_tanh": 5, "silu": 6}
 

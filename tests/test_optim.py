@@ -5,15 +5,15 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
+from mpt.autograd.tensor import Tensor
 from mpt.kernels.fma import fma_array
 from mpt.nn import Parameter
 from mpt.optim import SGD, Adam, AdamW, CopyDownStats, clip_grad_norm_
-from mpt.reference.optim import (
-    adam_reference, add32, div32, fma32, mul32, sgd_reference, sqrt32, sub32,
-)
-from mpt.autograd.tensor import Tensor
+from mpt.reference.optim import (adam_reference, add32, div32, fma32, mul32, sgd_reference, sqrt32,
+                                 sub32)
 from mpt.testing import as_bits as bits
 
 BF16 = ml_dtypes.bfloat16

@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
+from mpt.amp.recipes import get_recipe, recipe_names
 from mpt.autograd.memory import MemoryLedger
 from mpt.nn import GPT
 from mpt.planning import (CHINCHILLA, EPOCH_AI, GPTShape, activation_bytes_per_layer,
                           format_memory_table, state_bytes_per_parameter, training_memory)
-from mpt.amp.recipes import get_recipe, recipe_names
 from mpt.train.trainer import TrainConfig, Trainer
 
 GOPHER_FLOPS = 5.76e23

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from mpt.fp8 import DelayedScaling
 from mpt.amp.recipes import RECIPES, Fp8Config, LossScaling, Recipe, get_recipe, recipe_names
+from mpt.fp8 import DelayedScaling
 
 # name: (param, master, compute, autocast, matmul model, loss scaling, fp8, copy-down rounding)
 TABLE = {

@@ -5,7 +5,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mpt.kernels import quant as K
 from mpt.reference.quant import (quantize_multiplier_reference, requantize_reference,

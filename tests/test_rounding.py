@@ -8,6 +8,7 @@ import peers
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from peers import DTYPES as ML
 
 import mpt
 from mpt.formats import custom_format, get_format
@@ -16,7 +17,7 @@ from mpt.kernels.random import random_words
 from mpt.reference import rounding as ref
 from mpt.rounding import SPECIALISE_MIN
 from mpt.testing import as_bits as bits
-from peers import DTYPES as ML
+
 CUSTOM = [custom_format(3, 2), custom_format(4, 1, has_inf=False), custom_format(5, 0),
           custom_format(8, 2, bias=140), custom_format(6, 4, has_inf=False, nan="fnuz")]
 ALL = [*ML, "fp32", "tf32", *CUSTOM, "int8", "uint8", "int4"]

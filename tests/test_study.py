@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mpt.cli import main
-from mpt.train.corpus import MarkovCorpus, TextCorpus
 from mpt.study import StudyConfig, format_table, run_recipe, run_study, write_report
+from mpt.train.corpus import MarkovCorpus, TextCorpus
 
 
 # ---- corpus -------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ import pytest
 
 import mpt.quant as Q
 import mpt.study.quant as SQ
-from mpt.cli import main
-from mpt.train.corpus import MarkovCorpus
-from mpt.study import StudyConfig, run_study, write_report
 from mpt.autograd.tensor import Tensor, no_grad
+from mpt.cli import main
+from mpt.study import StudyConfig, run_study, write_report
+from mpt.train.corpus import MarkovCorpus
 
 STUDY = StudyConfig()
 CORPUS = MarkovCorpus(STUDY.vocab, STUDY.sharpness, seed=STUDY.corpus_seed)

@@ -10,7 +10,6 @@ from mpt.autograd.tensor import opmath, round_to
 from mpt.reference import rounding as ref
 from mpt.testing import as_bits as bits
 
-
 # ---- construction --------------------------------------------------------------------------------
 
 

@@ -13,8 +13,8 @@ import pytest
 
 import mpt
 from mpt import nn
-from mpt.train.corpus import MarkovCorpus
 from mpt._io import dtype_from_name, storable
+from mpt.train.corpus import MarkovCorpus
 from mpt.train.state import CheckpointError, load_checkpoint, save_checkpoint
 from mpt.train.trainer import TrainConfig, Trainer
 

@@ -8,10 +8,10 @@ import pytest
 import mpt.functional as F
 from mpt import nn
 from mpt.amp import GradScaler, StaticLossScale
-from mpt.train.corpus import MarkovCorpus
 from mpt.amp.linear import BlockScaledLinear, Fp8Linear, Tf32Linear
-from mpt.optim import AdamW
 from mpt.amp.recipes import LossScaling, get_recipe, recipe_names
+from mpt.optim import AdamW
+from mpt.train.corpus import MarkovCorpus
 from mpt.train.trainer import StepMetrics, TrainConfig, Trainer, learning_rate
 
 CORPUS = MarkovCorpus(16, 8, seed=0)

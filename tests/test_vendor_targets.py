@@ -15,13 +15,13 @@ import pytest
 
 import mpt
 import mpt.functional as F
-from mpt.cli import main
 from mpt.amp.inc import inc_quantize
 from mpt.amp.linear import PlanLinear
 from mpt.amp.recipes import get_recipe, recipes_for
 from mpt.autograd.context import replay, snapshot
 from mpt.autograd.conversion import ConversionRules, conversion_rules
 from mpt.autograd.tensor import round_to
+from mpt.cli import main
 from mpt.nn import GPT, Linear
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig, Trainer

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpt._checks import check_array, check_bool, check_int, check_real
+from mpt.autograd.tensor import opmath
 from mpt.formats import Format, get_format
 from mpt.microscaling import quantize_mx
 from mpt.rounding import round as round_format
-from mpt.autograd.tensor import opmath
 
 __all__ = [
     "DelayedScaling", "DelayedScalingState", "Fp8Array", "quantize", "current_scale",

@@ -36,8 +36,7 @@ import numpy as np
 
 from mpt.engines.gaudi import CHIPS, fp8_params
 from mpt.formats import get_format
-from mpt.functional.gemm_plan import (GemmPlan, GemmSpec, Operand, Quantization,
-                                      register_scaling)
+from mpt.functional.gemm_plan import GemmPlan, GemmSpec, Operand, Quantization, register_scaling
 from mpt.rounding import decode as _decode
 from mpt.rounding import round as _round
 

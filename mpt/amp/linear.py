@@ -45,13 +45,13 @@ from __future__ import annotations
 import numpy as np
 
 from mpt._checks import check_bool, check_int
-from mpt.functional.autocast import autocast_state
 from mpt.amp.fp8 import DelayedScaling
+from mpt.autograd.tensor import opmath
+from mpt.engines import get_mma_model
+from mpt.functional.autocast import autocast_state
 from mpt.functional.gemm_plan import GemmPlan, GemmSpec, Quantization
 from mpt.functional.linalg import Linear as _Linear
-from mpt.engines import get_mma_model
 from mpt.nn import Linear, Module
-from mpt.autograd.tensor import opmath
 
 __all__ = ["Tf32Linear", "Fp8Linear", "BlockScaledLinear", "PlanLinear", "replace_linears",
            "tf32_plan", "fp8_plan", "mxfp8_plan", "nvfp4_plan", "mxfp4_plan"]

@@ -68,13 +68,13 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from mpt._checks import check_int
+from mpt.amp.fp8 import DelayedScaling
+from mpt.amp.inc import IncConfig
+from mpt.amp.linear import mxfp4_plan, mxfp8_plan, nvfp4_plan
 from mpt.engines import get_mma_model
 from mpt.engines.gaudi import CHIPS as _GAUDI_CHIPS
 from mpt.formats import get_format, rounding_mode
 from mpt.functional.attention import flash_runs
-from mpt.amp.fp8 import DelayedScaling
-from mpt.amp.inc import IncConfig
-from mpt.amp.linear import mxfp4_plan, mxfp8_plan, nvfp4_plan
 from mpt.targets import get_target
 
 __all__ = ["Recipe", "LossScaling", "Fp8Config", "BlockScaledConfig", "RECIPES", "get_recipe",

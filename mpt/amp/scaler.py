@@ -45,8 +45,8 @@ import numpy as np
 
 import mpt.functional  # noqa: F401  (registers the Tensor operators used by scale())
 from mpt._checks import check_bool, check_int, check_real
-from mpt.formats import get_format
 from mpt.autograd.tensor import Tensor, opmath, round_to
+from mpt.formats import get_format
 
 __all__ = ["LossScaler", "GradScaler", "StaticLossScale", "ScaleRecord", "ScalerUsageError",
            "non_finite"]

@@ -31,9 +31,9 @@ import itertools
 
 import numpy as np
 
-from mpt.formats import get_format
 from mpt.autograd.hooks import notify_saved
 from mpt.autograd.tensor import Tensor, is_grad_enabled, opmath, register_op, round_to
+from mpt.formats import get_format
 
 __all__ = ["Function", "Context", "Cast", "to"]
 

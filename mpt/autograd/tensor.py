@@ -34,10 +34,10 @@ import weakref
 import numpy as np
 
 from mpt._checks import check_bool
-from mpt.formats import Format, get_format
 from mpt.autograd import conversion as _conversion
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
+from mpt.formats import Format, get_format
 from mpt.kernels.rounding import narrow_bf16 as _narrow_bf16
 from mpt.kernels.rounding import widen_bf16 as _widen_bf16
 from mpt.rounding import round as round_format

@@ -52,7 +52,7 @@ import math
 
 import numpy as np
 
-from mpt.characterize.probes import (Product, ProbeBuilder, ProbeSet, nan_patterns, pow2,
+from mpt.characterize.probes import (ProbeBuilder, ProbeSet, Product, nan_patterns, pow2,
                                      pow2_range, value_bits)
 from mpt.characterize.spec import LENGTH, add_spec_vectors
 from mpt.engines.operands import output_params, roundings

@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mpt._version import __version__
 from mpt._io import atomic_write_bytes
+from mpt._version import __version__
 from mpt.characterize.battery import build_battery
 from mpt.characterize.compose import compose
 from mpt.characterize.fit import BlockFit, FamilyFit, fit_block, fit_family
 from mpt.characterize.infer import Finding, read_all
-from mpt.characterize.match import (Comparison, Settlement, candidates, compare,
-                                    consistent_choices, settlements)
+from mpt.characterize.match import (Comparison, Settlement, candidates, compare, consistent_choices,
+                                    settlements)
 from mpt.characterize.probes import ProbeSet, bits_of
 from mpt.characterize.report import format_text
 from mpt.characterize.spec import meaning

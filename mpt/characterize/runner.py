@@ -24,7 +24,7 @@ import numpy as np
 
 from mpt.characterize.battery import build_battery
 from mpt.characterize.probes import ProbeSet, bits_of
-from mpt.engines import get_mma_model, gemm, mma
+from mpt.engines import gemm, get_mma_model, mma
 from mpt.engines.blockscaled import SCALE_FORMATS
 from mpt.formats import get_format
 

@@ -92,8 +92,8 @@ import ml_dtypes
 import numpy as np
 
 from mpt import rounding as _rounding
-from mpt.engines.model import Assumption, MMAConfig, MMAModel, get_mma_model, mma_models, \
-    register_model
+from mpt.engines.model import (Assumption, MMAConfig, MMAModel, get_mma_model, mma_models,
+                               register_model)
 from mpt.engines.operands import Operands, operands_class, register_kind
 
 __all__ = ["ALGORITHMS", "PRECISIONS", "DECOMPOSITIONS", "CONVERSIONS", "TRITON_BLOCK_K",

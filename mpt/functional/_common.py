@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from mpt._checks import check_int
+from mpt.autograd.tensor import Tensor, opmath
 from mpt.formats import Format
 from mpt.kernels.ops import sum_anb
-from mpt.autograd.tensor import Tensor, opmath
 
 __all__ = ["check_tensor", "common_format", "work_dtype", "operand", "sum_axes", "unbroadcast",
            "normalize_dim", "as_index_array", "as_rows"]

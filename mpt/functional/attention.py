@@ -44,19 +44,18 @@ import math
 import numpy as np
 
 from mpt._checks import check_bool, check_int, check_real
-from mpt.functional.autocast import autocast_op, current_model
-from mpt.formats import get_format
 from mpt.autograd.function import Function
-from mpt.functional._common import (as_rows, check_tensor, common_format, unbroadcast,
-                                    work_dtype)
+from mpt.autograd.tensor import Tensor, opmath, round_to
+from mpt.engines import get_mma_model
+from mpt.formats import get_format
+from mpt.functional._common import as_rows, check_tensor, common_format, unbroadcast, work_dtype
+from mpt.functional.autocast import autocast_op, current_model
 from mpt.functional.linalg import gemm_model, matmul_acc
 from mpt.functional.nn_ops import dropout_mask
 from mpt.functional.rng import next_stream
 from mpt.functional.shape import getitem
 from mpt.kernels import attention as _flash
 from mpt.kernels.ops import softmax_backward_rows, softmax_rows
-from mpt.engines import get_mma_model
-from mpt.autograd.tensor import Tensor, opmath, round_to
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "flash_runs",
            "BACKENDS"]

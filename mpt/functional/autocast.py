@@ -37,10 +37,10 @@ import functools
 
 from mpt._checks import check_bool, renamed
 from mpt.autograd.context import State
-from mpt.formats import Format, get_format
 from mpt.autograd.function import Function
-from mpt.engines import get_mma_model
 from mpt.autograd.tensor import Tensor, is_grad_enabled
+from mpt.engines import get_mma_model
+from mpt.formats import Format, get_format
 
 __all__ = [
     "autocast", "matmul_model", "autocast_state", "replay_autocast", "AutocastState",

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt.formats import UNSIGNED
 from mpt._checks import check_int
-from mpt.functional.autocast import autocast_op, current_model
 from mpt.autograd.function import Function
+from mpt.autograd.tensor import opmath, round_to
+from mpt.formats import UNSIGNED
 from mpt.functional._common import check_tensor, common_format, sum_axes
+from mpt.functional.autocast import autocast_op, current_model
 from mpt.functional.linalg import matmul_acc
 from mpt.kernels import conv as kernels
-from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d"]
 

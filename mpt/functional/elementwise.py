@@ -22,11 +22,11 @@ import numbers
 
 import numpy as np
 
-from mpt.functional.autocast import autocast_op
 from mpt.autograd.function import Function
-from mpt.functional._common import check_tensor, common_format, operand, unbroadcast, work_dtype
-from mpt.kernels.ops import UNARY_OPS, pow_elementwise, unary, unary_backward
 from mpt.autograd.tensor import Tensor, opmath, round_to
+from mpt.functional._common import check_tensor, common_format, operand, unbroadcast, work_dtype
+from mpt.functional.autocast import autocast_op
+from mpt.kernels.ops import UNARY_OPS, pow_elementwise, unary, unary_backward
 
 __all__ = ["add", "sub", "mul", "div", "neg", "abs", "exp", "log", "sqrt", "pow", "relu", "gelu",
            "silu", "tanh", "sigmoid", "clone"]

@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt.functional.autocast import autocast_op, current_model
+from mpt.autograd.function import Function
+from mpt.autograd.tensor import opmath, round_to
 from mpt.engines import gemm as _mma_gemm
 from mpt.engines import get_mma_model
-from mpt.autograd.function import Function
 from mpt.functional._common import as_rows, check_tensor, common_format, sum_axes, unbroadcast
+from mpt.functional.autocast import autocast_op, current_model
 from mpt.functional.gemm_plan import GemmPlan, Operand, per_axis, quantize_operand
 from mpt.kernels.ops import matmul_f64
 from mpt.microscaling import nvfp4_gemm_alpha
-from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["matmul", "linear", "gemm_model"]
 

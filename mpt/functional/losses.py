@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mpt.functional.autocast import autocast_op
 from mpt.autograd.function import Function
-from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
-                                    sum_axes, work_dtype)
-from mpt.kernels.ops import cross_entropy_backward_rows, cross_entropy_rows
 from mpt.autograd.tensor import opmath, round_to
+from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format, sum_axes,
+                                    work_dtype)
+from mpt.functional.autocast import autocast_op
+from mpt.kernels.ops import cross_entropy_backward_rows, cross_entropy_rows
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss"]
 

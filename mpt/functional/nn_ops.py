@@ -8,21 +8,20 @@ the output is rounded once (RNE) to the format of the (autocast-cast) input. Ora
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from mpt._checks import check_bool, check_real, renamed
-from mpt.functional.autocast import autocast_op
-from mpt.functional.rng import next_stream
-from mpt.formats import get_format
 from mpt.autograd.function import Function
+from mpt.autograd.tensor import opmath, round_to
+from mpt.formats import get_format
 from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format,
                                     normalize_dim, sum_axes, work_dtype)
+from mpt.functional.autocast import autocast_op
+from mpt.functional.rng import next_stream
 from mpt.kernels.ops import (embedding_backward, layer_norm_backward_rows, layer_norm_rows,
                              log_softmax_backward_rows, rms_norm_backward_rows, rms_norm_rows,
                              softmax_backward_rows, softmax_rows)
 from mpt.kernels.random import random_words
-from mpt.autograd.tensor import opmath, round_to
 
 __all__ = ["softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "dropout",
            "dropout_mask"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from mpt._checks import check_bool, check_real
-from mpt.functional.autocast import autocast_op
 from mpt.autograd.function import Function
-from mpt.functional._common import check_tensor, normalize_dim, sum_axes, work_dtype
 from mpt.autograd.tensor import opmath, round_to
+from mpt.functional._common import check_tensor, normalize_dim, sum_axes, work_dtype
+from mpt.functional.autocast import autocast_op
 
 __all__ = ["sum", "mean", "var", "max"]
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from mpt._checks import check_int
-from mpt.functional.autocast import autocast_op
 from mpt.autograd.function import Function
+from mpt.autograd.tensor import Tensor, opmath
 from mpt.functional._common import (check_tensor, common_format, normalize_dim, unbroadcast,
                                     work_dtype)
-from mpt.autograd.tensor import Tensor, opmath
+from mpt.functional.autocast import autocast_op
 
 __all__ = ["reshape", "view", "transpose", "permute", "flatten", "unsqueeze", "squeeze", "expand",
            "getitem", "cat", "stack"]

@@ -7,14 +7,13 @@ import numpy as np
 
 from mpt import microscaling as _ms
 from mpt.amp.scaler import GradScaler
+from mpt.autograd.tensor import Tensor, tensor
+from mpt.engines import gemm, get_mma_model, mma
 from mpt.functional import scaled_dot_product_attention
 from mpt.kernels.quant import fake_quant_per_channel, fake_quant_per_tensor
-from mpt.engines import gemm, get_mma_model, mma
 from mpt.nn import GPT, Parameter
 from mpt.optim import SGD, AdamW
-from mpt.autograd.tensor import Tensor, tensor
 from mpt.train.trainer import TrainConfig, Trainer
-
 
 __all__ = ["COMPUTE"]
 

@@ -12,12 +12,11 @@ from typing import Callable
 import ml_dtypes
 import numpy as np
 
-from mpt._io import check_base_name, dtype_from_name, is_sha256, load_json
+from mpt._io import check_base_name, dtype_from_name
 from mpt._io import field as _field
-from mpt._io import read_in_folder
+from mpt._io import is_sha256, load_json, read_in_folder
 from mpt._io import sha256 as _sha256
 from mpt._version import __version__
-
 
 __all__ = ["SCHEMA_VERSION", "MANIFEST", "FIXTURE_KIND", "ARRAY_NAME", "GoldenError", "Case",
            "manifest_digest", "build_manifest", "read_manifest", "suite_digest", "check_digest"]

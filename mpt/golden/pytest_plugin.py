@@ -35,7 +35,6 @@ from mpt.golden.manifest import (ARRAY_NAME, FIXTURE_KIND, MANIFEST, Case, Golde
 from mpt.golden.suite import load_case, write_case, write_manifest
 from mpt.testing import assert_bits_equal, assert_ulp_close
 
-
 __all__ = ["GoldenFixture", "entry_point_active", "golden"]
 
 REGEN_FLAG = "--mpt-regen-golden"

@@ -14,19 +14,19 @@ from typing import Callable
 
 import numpy as np
 
-from mpt._io import BASE_NAME, default_mode, dtype_from_name, load_json
+from mpt._io import BASE_NAME, NATIVE_DTYPES
 from mpt._io import atomic_write_bytes as _atomic_write_bytes
-from mpt._io import NATIVE_DTYPES, read_in_folder, storable
+from mpt._io import default_mode, dtype_from_name, load_json, read_in_folder
 from mpt._io import sha256 as _sha256
+from mpt._io import storable
 from mpt.autograd.context import Snapshot, replay
 from mpt.formats import FORMATS, get_format
-from mpt.rounding import round as round_format
-from mpt.tasks import map_tasks
 from mpt.golden import cases as golden_cases
 from mpt.golden.manifest import (FIXTURE_KIND, KINDS, MANIFEST, SCHEMA_VERSION, Case, GoldenError,
                                  _case_bytes, _check_entry, _check_name, _check_names,
                                  build_manifest, read_manifest, register_kind)
-
+from mpt.rounding import round as round_format
+from mpt.tasks import map_tasks
 
 __all__ = ["KINDS", "SUITES", "register_kind", "generate", "write_suite", "load_suite", "run_mpt",
            "save_npz", "load_case", "describe_array", "write_case", "write_manifest",

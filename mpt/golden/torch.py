@@ -61,7 +61,6 @@ import numpy as np
 
 from mpt.golden.suite import compute_outputs, load_suite, outputs_folder, save_npz
 
-
 __all__ = ["run_torch", "TORCH_DTYPES"]
 
 #: mpt format name -> torch dtype attribute

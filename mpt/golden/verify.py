@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mpt._tables import text_table
 from mpt._io import read_in_folder
-from mpt.testing import as_bits, ulp_distance
+from mpt._tables import text_table
 from mpt.golden.manifest import Case, GoldenError, check_digest, read_manifest
 from mpt.golden.suite import load_case
-
+from mpt.testing import as_bits, ulp_distance
 
 __all__ = ["verify", "passed", "format_report"]
 

@@ -53,7 +53,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.gemm import (COLS, ROW_TILES, _I32, _I64, _LANES, _VF32, _VI32, _pointer,
+from mpt.kernels.gemm import (_I32, _I64, _LANES, _VF32, _VI32, COLS, ROW_TILES, _pointer,
                               _tile_intrinsic, const, k_loop, panel_splats, panel_vectors)
 
 __all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "RNE16",

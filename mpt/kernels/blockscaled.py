@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.mma import (TILE_I, block_finish, block_scale, block_start, output_tile,
-                              pow2_floor, tile_counts)
+                             pow2_floor, tile_counts)
 
 __all__ = ["GROUP", "INSTRUCTION_K", "group_chain", "scaled_terms"]
 

@@ -33,7 +33,6 @@ in tests/data/tensor_core_dumps (tests/test_mma_hardware.py).
 """
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.mma import _as_bits, _from_bits, pow2_floor, recip_pow2, _round_out
+from mpt.kernels.mma import _as_bits, _from_bits, _round_out, pow2_floor, recip_pow2
 
 __all__ = ["gaudi2_chain", "gaudi3_chain"]
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpt.formats import Format, get_format
 from mpt.autograd.tensor import Tensor
+from mpt.formats import Format, get_format
 
 __all__ = ["Policy", "get_policy"]
 

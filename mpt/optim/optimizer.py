@@ -48,9 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpt._checks import check_bool, check_int, check_real
+from mpt.autograd.tensor import opmath
 from mpt.formats import UNSIGNED, get_format, rounding_mode
 from mpt.rounding import round as round_format
-from mpt.autograd.tensor import opmath
 
 __all__ = ["Optimizer", "CopyDownStats"]
 

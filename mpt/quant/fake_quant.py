@@ -22,8 +22,8 @@ from mpt.autograd.function import Function
 from mpt.autograd.tensor import Tensor, opmath, round_to
 from mpt.formats import get_format
 from mpt.kernels import quant as K
+from mpt.quant.observers import MovingAverageMinMaxObserver, _observed
 from mpt.rounding import round as round_format
-from mpt.quant.observers import _observed, MovingAverageMinMaxObserver
 
 __all__ = ["fake_quantize_per_tensor_affine", "fake_quantize_per_channel_affine",
            "fake_quantize_learnable_per_tensor_affine", "lsq_init_scale", "lsq_grad_factor",

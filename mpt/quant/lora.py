@@ -39,11 +39,11 @@ import numpy as np
 
 import mpt.functional as F
 from mpt import nn
-from mpt.nn.layers import fan_in_bound
 from mpt._checks import check_bool, check_int, check_real
-from mpt.formats import get_format
-from mpt.quant.storage import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
 from mpt.autograd.tensor import Tensor, no_grad, opmath, round_to
+from mpt.formats import get_format
+from mpt.nn.layers import fan_in_bound
+from mpt.quant.storage import Int8Weight, int8_quantize_per_channel, nf4_dequantize, nf4_quantize
 
 __all__ = ["LoRALinear", "apply", "merge", "unmerge", "trainable_parameters"]
 

@@ -10,8 +10,7 @@ import mpt.functional as F
 from mpt import nn
 from mpt.autograd.tensor import Tensor
 from mpt.quant.fake_quant import FakeQuantize
-from mpt.quant.observers import (MovingAverageMinMaxObserver,
-                                 MovingAveragePerChannelMinMaxObserver)
+from mpt.quant.observers import MovingAverageMinMaxObserver, MovingAveragePerChannelMinMaxObserver
 
 __all__ = ["QConfig", "default_qat_qconfig", "QuantStub", "DeQuantStub", "QATLinear", "QATConv2d",
            "prepare_qat"]

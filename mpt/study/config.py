@@ -11,7 +11,6 @@ from mpt.amp.recipes import get_recipe, recipes_for
 from mpt.targets import get_target
 from mpt.train.trainer import TrainConfig
 
-
 __all__ = ["StudyConfig"]
 
 def attention_backend(recipes) -> str:

@@ -51,16 +51,15 @@ from functools import partial
 import numpy as np
 
 import mpt.functional as F
-from mpt.quant import lora
-from mpt import quant as Q
 from mpt import nn
-from mpt._tables import markdown_table, text_table
+from mpt import quant as Q
 from mpt._checks import check_int
-from mpt.train.corpus import MarkovCorpus
-from mpt.planning import state_bytes_per_parameter
+from mpt._tables import markdown_table, text_table
 from mpt.autograd.tensor import Tensor, no_grad
+from mpt.planning import state_bytes_per_parameter
+from mpt.quant import lora
+from mpt.train.corpus import MarkovCorpus
 from mpt.train.trainer import TrainConfig, Trainer
-
 
 __all__ = ["LORA_FORMATS", "QuantStudyConfig", "QuantStudyResult", "BigramMLP", "QuantRow",
            "QatSection", "LoraRow", "LoraSection", "run_qat_vs_ptq", "run_lora", "run_quant_study",

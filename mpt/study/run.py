@@ -12,13 +12,12 @@ from mpt.engines import get_mma_model
 from mpt.kernels.threads import one_thread
 from mpt.nn import GPT
 from mpt.planning import state_bytes_per_parameter
-from mpt.study.quant import QuantStudyConfig, run_quant_study
-from mpt.train.corpus import MarkovCorpus, TextCorpus
-from mpt.targets import get_target
-from mpt.train.trainer import Trainer
 from mpt.study.config import StudyConfig, attention_backend
+from mpt.study.quant import QuantStudyConfig, run_quant_study
+from mpt.targets import get_target
 from mpt.tasks import Progress
-
+from mpt.train.corpus import MarkovCorpus, TextCorpus
+from mpt.train.trainer import Trainer
 
 __all__ = ["RecipeRun", "StudyResult", "run_recipe", "run_study", "TargetRun", "TargetsResult",
            "run_targets", "default_targets"]

@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from mpt._io import atomic_write_bytes, dtype_from_name, field, load_json, read_in_folder, sha256
-from mpt._io import NATIVE_DTYPES, storable
+from mpt._io import (NATIVE_DTYPES, atomic_write_bytes, dtype_from_name, field, load_json,
+                     read_in_folder, sha256, storable)
 from mpt.amp.scaler import StaticLossScale
 from mpt.functional import get_rng_state, set_rng_state
 from mpt.nn.module import _check_loadable

@@ -50,17 +50,17 @@ import numpy as np
 
 import mpt.functional as F
 from mpt._checks import check_bool, check_int, check_real
+from mpt.amp.linear import BlockScaledLinear, Fp8Linear, PlanLinear, Tf32Linear, replace_linears
+from mpt.amp.recipes import Recipe, get_recipe
 from mpt.amp.scaler import GradScaler, StaticLossScale
 from mpt.autograd.conversion import ConversionRules, conversion_rules
+from mpt.autograd.tensor import no_grad, opmath
 from mpt.functional.autocast import autocast, matmul_model
-from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
-                             log2_histogram, lost_update_fraction, tensor_cast_stats)
-from mpt.amp.linear import BlockScaledLinear, Fp8Linear, PlanLinear, Tf32Linear, replace_linears
 from mpt.nn import Linear
 from mpt.optim import AdamW, clip_grad_norm_
-from mpt.amp.recipes import Recipe, get_recipe
-from mpt.autograd.tensor import no_grad, opmath
 from mpt.targets import get_target
+from mpt.train.diagnostics import (CastStats, Log2Histogram, cast_stats, first_non_finite,
+                                   log2_histogram, lost_update_fraction, tensor_cast_stats)
 
 __all__ = ["TrainConfig", "StepMetrics", "Trainer", "learning_rate"]
 
