@@ -295,7 +295,8 @@ def _cmd_study_grid(args) -> int:
     axes = {"recipes": args.recipes, "seeds": args.seeds, "sizes": args.sizes, "lrs": args.lrs,
             "baseline": args.baseline}
     config = study.GridConfig(
-        study=study.StudyConfig(quant=False, **{k: v for k, v in workload.items() if v is not None}),
+        study=study.StudyConfig(quant=False,
+                                **{k: v for k, v in workload.items() if v is not None}),
         **{k: v for k, v in axes.items() if v is not None})
     os.makedirs(args.out, exist_ok=True)
     result = study.run_grid(config, workers=args.workers, scheduler=args.scheduler,

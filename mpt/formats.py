@@ -71,8 +71,8 @@ class Format:
     """A number format: bit layout, limits and storage dtype.
 
     ``max``, ``min_normal``, ``min_subnormal`` and ``eps`` are exact Python floats (every value is a
-    power of two or a short binary fraction, exact in float64). ``eps`` is the distance from 1 to the
-    next larger number (``finfo.eps``); for integers it is 1.
+    power of two or a short binary fraction, exact in float64). ``eps`` is the distance from 1 to
+    the next larger number (``finfo.eps``); for integers it is 1.
     """
 
     name: str
@@ -324,7 +324,8 @@ def get_format(fmt) -> Format:
 
 
 def custom_format(exponent_bits: int, mantissa_bits: int, *, has_inf: bool = True,
-                  nan: str | None = None, bias: int | None = None, name: str | None = None) -> Format:
+                  nan: str | None = None, bias: int | None = None,
+                  name: str | None = None) -> Format:
     """A user-defined binary floating-point format whose values are stored as float32.
 
     Any precision up to fp32: ``1 <= exponent_bits <= 8``, ``0 <= mantissa_bits <= 23``, with
@@ -347,7 +348,8 @@ def custom_format(exponent_bits: int, mantissa_bits: int, *, has_inf: bool = Tru
     if has_inf != (nan == "ieee"):
         raise ValueError(f"has_inf={has_inf} contradicts nan={nan!r} (only 'ieee' has Inf)")
     if nan == "fn" and mantissa_bits == 0 and exponent_bits == 1:
-        raise ValueError("a 1-bit exponent with no mantissa and nan='fn' has no finite non-zero value")
+        raise ValueError("a 1-bit exponent with no mantissa and nan='fn' has no finite non-zero "
+                         "value")
     if bias is None:
         bias = (1 << (exponent_bits - 1)) - (0 if nan == "fnuz" else 1)
     fmt = Format(

@@ -17,22 +17,23 @@ Per-op accounting of mpt's GPT (s tokens, b sequences, h = d_model, a heads, r =
 c the bytes of the compute format — the activations' format —, p of the parameters'; every
 LayerNorm and the loss run in fp32). What each op keeps until its backward:
 
-=========================  ===========================================================================
+=========================  =========================================================================
 LayerNorm (×2 per layer)   its input in fp32 (an fp32 copy when the stream is fp16/bf16), mean and
-                           rstd (2·s·b fp32); with fp16/bf16 parameters also the fp32 weight: 4·(s·b·h
-                           + 2·s·b) [+ 4·h]
+                           rstd (2·s·b fp32); with fp16/bf16 parameters also the fp32 weight:
+                           4·(s·b·h + 2·s·b) [+ 4·h]
 Linear in_proj, out_proj,  its input: (3 + r)·s·b·h·c; under autocast also the cast weight copy,
 fc1, fc2                   (4 + 2r)·h²·c; FP8 Linears keep the E4M3 input and weight, 1 byte each
 attention "flash"          q, k, v (one buffer, 3·s·b·h·c), the output (s·b·h·c), the log-sum-exp
                            (a·b·s fp32)
-attention "naive"          q, k, v (3·s·b·h·c), the fp32 scores and the probabilities: a·b·s²·(4 + c)
+attention "naive"          q, k, v (3·s·b·h·c), the fp32 scores and the probabilities:
+                           a·b·s²·(4 + c)
 GELU                       its input, r·s·b·h·c
 residual adds, reshapes,   nothing
 embeddings, dropout p = 0
 final LayerNorm, tied      the LayerNorm as above, the head's input s·b·h·c (and the cast V·h
 head, cross-entropy        embedding copy under autocast), the fp32 logits s·b·V·4 and 2·s·b fp32
 loss scaling               the product ``loss·scale`` keeps both fp32 scalars (8 bytes)
-=========================  ===========================================================================
+=========================  =========================================================================
 
 So a layer keeps ``s·b·h·(8 + (3 + 4 + 2r)·c) + 16·s·b + 4·a·b·s`` bytes with flash attention
 (r = 4: ``s·b·h·(8 + 15·c)``, 38·s·b·h in 16 bits against Korthikanti's 34 for Megatron's layer

@@ -73,7 +73,8 @@ def _grid_index(x: np.ndarray, fmt: Format) -> np.ndarray:
 
 
 def _value_grid_index(v: np.ndarray, fmt: Format) -> np.ndarray:
-    """Grid index from exact float64 values: subnormal steps of min_subnormal, then 2^m per binade."""
+    """Grid index from exact float64 values: subnormal steps of min_subnormal, then 2^m per
+    binade."""
     a = np.abs(v)
     steps = 1 << fmt.mantissa_bits
     with np.errstate(invalid="ignore", over="ignore"):
@@ -157,5 +158,6 @@ def assert_ulp_close(actual, desired, fmt=None, max_ulp: int = 0, *, err_msg: st
     bad = dist > np.uint64(max_ulp)
     if bad.any():
         worst = int(dist.max())
-        header = err_msg or f"more than {max_ulp} ULP apart (worst {'inf' if worst == ULP_INF else worst})"
+        header = err_msg or (f"more than {max_ulp} ULP apart "
+                             f"(worst {'inf' if worst == ULP_INF else worst})")
         raise AssertionError(_describe_first(actual, desired, bad, fmt, header))

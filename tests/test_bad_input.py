@@ -448,7 +448,8 @@ def test_checks_return_plain_python_values():
     assert check_int("n", np.int64(3), min=0) == 3 and type(check_int("n", np.uint8(3))) is int
     assert check_real("x", np.float32(0.1)) == float(np.float32(0.1))
     assert type(check_real("x", np.float32(0.1))) is float and check_real("x", 2) == 2.0
-    assert check_real("x", -INF, finite=False) == -INF and check_real("x", None, optional=True) is None
+    assert (check_real("x", -INF, finite=False) == -INF
+            and check_real("x", None, optional=True) is None)
     assert check_bool("b", np.bool_(True)) is True
     assert check_real("x", 10**400, finite=False) == INF          # beyond float64: +inf
     assert check_finite("x", np.ones(2, ml_dtypes.bfloat16)).dtype == ml_dtypes.bfloat16

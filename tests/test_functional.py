@@ -295,7 +295,8 @@ def test_pooling_contracts():
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
     got = F.avg_pool2d(mpt.Tensor(x), 2)
-    win = x[:, :, :6, :4].reshape(2, 3, 3, 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 3, 2, 4)
+    win = (x[:, :, :6, :4].reshape(2, 3, 3, 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+           .reshape(2, 3, 3, 2, 4))
     s = np.cumsum(win, axis=-1, dtype=np.float32)[..., -1]
     assert_same_bits(got, s / np.float32(4))
     assert_same_bits(F.max_pool2d(mpt.Tensor(x), 2), win.max(axis=-1))
@@ -344,7 +345,8 @@ def test_shape_and_argument_errors():
         (ValueError, r"input \(2, 3\) and weight \(3, 2\) do not match",
          lambda: F.linear(x, mpt.tensor(np.ones((3, 2)), "fp32"))),
         (ValueError, "normalized_shape", lambda: F.layer_norm(x, 2)),
-        (ValueError, r"target must have shape \(2,\)", lambda: F.cross_entropy(x, np.zeros(3, int))),
+        (ValueError, r"target must have shape \(2,\)",
+         lambda: F.cross_entropy(x, np.zeros(3, int))),
         (IndexError, "outside", lambda: F.cross_entropy(x, np.array([0, 3]))),
         (ValueError, "reduction must be one of", lambda: F.mse_loss(x, x, reduction="avg")),
         (ValueError, "cannot reshape", lambda: x.reshape(4, 2)),
@@ -387,14 +389,16 @@ def _fingerprint() -> str:
     with mpt.autocast("fp16", model="hopper"):
         qkv = F.linear(x, w).reshape(4, 16, 3, 2, 16).permute(2, 0, 3, 1, 4)
         o = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True, dropout_p=0.1)
-        conv = F.conv2d(x.reshape(4, 3, 40, 40)[:, :, :8, :8], w.reshape(96, 3, 10, 10)[:4, :, :3, :3])
+        conv = F.conv2d(x.reshape(4, 3, 40, 40)[:, :, :8, :8],
+                        w.reshape(96, 3, 10, 10)[:4, :, :3, :3])
     (o.float().sum() + conv.float().sum()).backward()
     for t in (o, conv, x.grad, w.grad):
         h.update(bits(t).tobytes())
     return h.hexdigest()
 
 
-_SCRIPT = "import sys; sys.path.insert(0, {root!r}); import test_functional as t; print(t._fingerprint())"
+_SCRIPT = ("import sys; sys.path.insert(0, {root!r}); import test_functional as t; "
+           "print(t._fingerprint())")
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")

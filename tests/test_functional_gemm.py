@@ -94,8 +94,10 @@ def test_matmul_batched_broadcast_and_fold():
     ones = np.ones((30, 4), BF16)
     same(tb.grad, gemm(np.ascontiguousarray(a.reshape(30, 8).T), ones, model="ampere").astype(BF16))
     same(z, gemm(a, b3, model="ampere").astype(BF16))
-    same(ta.grad, gemm(gz, np.ascontiguousarray(np.swapaxes(b3, -1, -2)), model="ampere").astype(BF16))
-    per_batch = gemm(np.ascontiguousarray(np.swapaxes(a, -1, -2)), gz, model="ampere")  # (2, 3, 8, 4)
+    same(ta.grad,
+         gemm(gz, np.ascontiguousarray(np.swapaxes(b3, -1, -2)), model="ampere").astype(BF16))
+    per_batch = gemm(np.ascontiguousarray(np.swapaxes(a, -1, -2)), gz,
+                     model="ampere")  # (2, 3, 8, 4)
     summed = np.cumsum(per_batch, axis=0, dtype=np.float32)[-1]  # broadcast dim summed in FP32
     same(tb3.grad, summed.astype(BF16))
 

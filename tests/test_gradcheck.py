@@ -73,7 +73,8 @@ CASES = {
     "squeeze": ("squeeze", lambda a: F.squeeze(a, 1), [(3, 1, 4)]),
     "expand": ("expand", lambda a: F.expand(a, 2, 3, 4), [(3, 1)]),
     "getitem_basic": ("getitem", lambda a: a[1:, ::2], [(3, 4)]),
-    "getitem_advanced": ("getitem", lambda a: a[np.array([0, 2, 0]), np.array([1, 1, 1])], [(3, 4)]),
+    "getitem_advanced": ("getitem", lambda a: a[np.array([0, 2, 0]), np.array([1, 1, 1])],
+                         [(3, 4)]),
     "cat": ("cat", lambda a, b: F.cat([a, b], 1), [(3, 2), (3, 4)]),
     "stack": ("stack", lambda a, b: F.stack([a, b], -1), [(3, 4), (3, 4)]),
     "matmul": ("matmul", lambda a, b: a @ b, [(2, 3, 4), (4, 5)]),
@@ -88,8 +89,8 @@ CASES = {
     "cross_entropy": ("cross_entropy", lambda x: F.cross_entropy(x, TGT), [(5, 4)]),
     "cross_entropy_weighted_sum": ("cross_entropy", lambda x: F.cross_entropy(
         x, TGT, weight=mpt.tensor([0.5, 2.0, 1.25, 0.75], "fp64"), reduction="sum"), [(5, 4)]),
-    "cross_entropy_none_3d": ("cross_entropy", lambda x: F.cross_entropy(x, np.array([[0, 2], [1, 1]]),
-                                                        reduction="none"), [(2, 3, 2)]),
+    "cross_entropy_none_3d": ("cross_entropy", lambda x: F.cross_entropy(
+        x, np.array([[0, 2], [1, 1]]), reduction="none"), [(2, 3, 2)]),
     "nll_loss": ("nll_loss", lambda x: F.nll_loss(x, TGT), [(5, 4)]),
     "mse_loss": ("mse_loss", lambda a, b: F.mse_loss(a, b), [(3, 4), (3, 4)]),
     "mse_loss_sum": ("mse_loss", lambda a, b: F.mse_loss(a, b, reduction="sum"), [(3, 4), (3, 4)]),
@@ -98,10 +99,14 @@ CASES = {
     "dropout": ("dropout", lambda a: F.dropout(a, 0.4, seed=7), [(4, 5)]),
     "conv2d": ("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=(2, 1), padding=1, groups=2),
                [(2, 4, 5, 4), (6, 2, 3, 2), (6,)]),
-    "conv2d_dilated": ("conv2d", lambda x, w: F.conv2d(x, w, dilation=2), [(1, 2, 5, 5), (3, 2, 2, 2)]),
-    "max_pool2d": ("max_pool2d", lambda x: F.max_pool2d(x, 2, stride=1, padding=1), [("distinct", (1, 2, 3, 3))]),
-    "avg_pool2d": ("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), [(1, 2, 5, 4)]),
-    "sdpa_causal": ("scaled_dot_product_attention", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    "conv2d_dilated": ("conv2d", lambda x, w: F.conv2d(x, w, dilation=2),
+                       [(1, 2, 5, 5), (3, 2, 2, 2)]),
+    "max_pool2d": ("max_pool2d", lambda x: F.max_pool2d(x, 2, stride=1, padding=1),
+                   [("distinct", (1, 2, 3, 3))]),
+    "avg_pool2d": ("avg_pool2d", lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+                   [(1, 2, 5, 4)]),
+    "sdpa_causal": ("scaled_dot_product_attention",
+                    lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                     [(2, 3, 4), (2, 5, 4), (2, 5, 3)]),
     "sdpa_mask_dropout": ("scaled_dot_product_attention", 
         lambda q, k, v: F.scaled_dot_product_attention(
@@ -264,7 +269,8 @@ def test_fp32_cross_entropy_within_rounding_bound():
     keep = t != -100
     rows = np.flatnonzero(keep)
     d = np.abs(x64[rows, t[rows]] - x64[rows].max(1))
-    per_row = U * ((x.shape[1] + 1) + d + 2 * np.abs(ref.cross_entropy(x64, t, reduction="none")[rows]) + 8)
+    per_row = U * ((x.shape[1] + 1) + d
+                   + 2 * np.abs(ref.cross_entropy(x64, t, reduction="none")[rows]) + 8)
     r = keep.sum()
     bound = per_row.mean() + (r + 1) * U * abs(want)
     assert abs(got - want) <= bound
@@ -276,7 +282,8 @@ def test_fp32_attention_within_rounding_bound():
     # O = P·v by sequential FMA over S_len terms: ≤ S_len·u·Σ|P_j v_j|. So
     # |δO| ≤ max|v|·(2·max|δS| + (2·S_len + 3)u) + u|O|.
     rng = np.random.default_rng(23)
-    q, k, v = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((3, 10, 8), (3, 12, 8), (3, 12, 5)))
+    q, k, v = (rng.uniform(-1, 1, s).astype(np.float32)
+               for s in ((3, 10, 8), (3, 12, 8), (3, 12, 5)))
     got = F.scaled_dot_product_attention(mpt.Tensor(q), mpt.Tensor(k), mpt.Tensor(v),
                                          is_causal=True).numpy().astype(np.float64)
     want = ref.attention(q, k, v, F.causal_mask(10, 12))

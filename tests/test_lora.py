@@ -57,7 +57,7 @@ def test_quantized_base_at_init_equals_dequantized_base(fmt, dq):
     model = lora.apply(_mlp(), base_format=fmt, double_quant=dq)
     x = _x()
     h = x.to("bf16")
-    for layer in model:                                     # a base model of the dequantized weights
+    for layer in model:                                    # a base model of the dequantized weights
         w = layer.compute_weight()
         assert w.format.name == "bf16"
         h = F.linear(h, w, layer.bias)

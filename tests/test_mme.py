@@ -2,11 +2,11 @@
 (MME), rule by rule, and its oracle.
 
 Directed vectors assert one rule of Habana's MME reference model each; the comment above each
-derives the expected bits. Every expectation is asserted for both the Numba kernels (``mpt.mma``) and
-the exact-rational oracle (``mpt.reference.mme``); each was also reproduced by Habana's reference
-code compiled outside the repository (see docs/gaudi.md). The property tests
-compare the kernels with the oracle bit for bit on random bit patterns: zeros of both signs,
-subnormals, Inf, NaN, extreme exponent spreads, and C of every magnitude.
+derives the expected bits. Every expectation is asserted for both the Numba kernels (``mpt.mma``)
+and the exact-rational oracle (``mpt.reference.mme``); each was also reproduced by Habana's
+reference code compiled outside the repository (see docs/gaudi.md). The property tests compare
+the kernels with the oracle bit for bit on random bit patterns: zeros of both signs, subnormals,
+Inf, NaN, extreme exponent spreads, and C of every magnitude.
 """
 from functools import lru_cache
 

@@ -144,13 +144,15 @@ def test_double_quant_error_within_bound():
     −0.99296875); fl32(v·A2) errs by u·A2, the final + m by u·|a'|: total
     A2·(h + 2^-25 + 2^-22 + 4.0001u) + u·|a'| <= A2·(h + 2^-20) + u·|a'|."""
     rng = np.random.default_rng(5)
-    x = (rng.standard_normal(64 * 700) * np.repeat(rng.lognormal(0, 1.5, 700), 64)).astype(np.float32)
+    x = (rng.standard_normal(64 * 700)
+         * np.repeat(rng.lognormal(0, 1.5, 700), 64)).astype(np.float32)
     plain = Q.nf4_quantize(x)
     dq = Q.nf4_quantize(x, double_quant=True)
     a, a2 = plain.absmax.astype(np.float64), dq.block_absmax().astype(np.float64)
     m = np.float32(math.fsum(a) / a.size)
     centered = (plain.absmax - m).astype(np.float64)
-    blocks = np.repeat(np.maximum.reduceat(np.abs(centered), np.arange(0, a.size, 256)), 256)[:a.size]
+    blocks = np.repeat(np.maximum.reduceat(np.abs(centered), np.arange(0, a.size, 256)),
+                       256)[:a.size]
     bound = blocks * (0.00703125 + 2.0**-20) + 2.0**-24 * np.abs(a2)
     assert (np.abs(a2 - a) <= bound).all()
     assert np.abs(a2 - a).max() > 0                         # it is a lossy code

@@ -66,7 +66,7 @@ def test_activation_memory_korthikanti():
         activation_bytes_per_layer(0, b, h, a)
 
 
-# ---- training_memory against the memory ledger ----------------------------------------------------
+# ---- training_memory against the memory ledger ---------------------------------------------------
 
 SHAPE = GPTShape(vocab=64, d_model=32, n_layers=4, n_heads=4, seq_len=32)
 BATCH = 2
@@ -150,7 +150,8 @@ def test_plan_command_prints_the_estimate(capsys):
     out = capsys.readouterr().out
     est = training_memory(SHAPE, "fp16-o2", BATCH, checkpoint=2)
     assert out.strip() == format_memory_table(est)
-    rows = {line.split()[0]: int(line.split()[1].replace(",", "")) for line in out.splitlines()[2:8]}
+    rows = {line.split()[0]: int(line.split()[1].replace(",", ""))
+            for line in out.splitlines()[2:8]}
     assert rows == est.by_role
     assert main(argv[:-2] + ["--heads", "5"]) == 2
     assert "n_heads=5 must divide d_model=32" in capsys.readouterr().err

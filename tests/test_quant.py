@@ -38,7 +38,8 @@ def _adversarial(scale: float, zp: int, qmin: int, qmax: int) -> np.ndarray:
 
 
 def _spread(rng, n: int, width: float, scale: float) -> np.ndarray:
-    """``n`` normals times ``width·scale`` in float32 (overflow to ±inf is intended for huge scales)."""
+    """``n`` normals times ``width·scale`` in float32 (overflow to ±inf is intended for huge
+    scales)."""
     with np.errstate(over="ignore"):
         return rng.standard_normal(n).astype(np.float32) * F32(width) * F32(scale)
 
@@ -136,8 +137,9 @@ def test_bad_arguments_raise():
 
 
 # ---- learnable (LSQ) -------------------------------------------------------------------------
-LSQ_CASES = [(0.1, 2.5, -128, 127, 1.0), (0.05, 0.3, 0, 255, 0.01), (2.0**-140, 3.0, -128, 127, 1.0),
-             (0.02, -0.7, -128, 127, 0.3), (0.25, 127.0, -128, 127, 1.0), (0.25, -128.4, -128, 127, 1.0),
+LSQ_CASES = [(0.1, 2.5, -128, 127, 1.0), (0.05, 0.3, 0, 255, 0.01),
+             (2.0**-140, 3.0, -128, 127, 1.0), (0.02, -0.7, -128, 127, 0.3),
+             (0.25, 127.0, -128, 127, 1.0), (0.25, -128.4, -128, 127, 1.0),
              (1.0, 0.5, -8, 7, 1 / math.sqrt(7 * 40))]
 
 
@@ -164,8 +166,8 @@ def test_lsq_gradients_equal_oracle(scale, zf, qmin, qmax, gf, fma):
 def test_lsq_fma_contraction_changes_near_ties():
     # x = (k + 1/2)·s nudged: fl32(zb + fl32(x·inv)) and fma(x, inv, zb) round differently somewhere
     s = F32(0.1)
-    x = np.array([np.nextafter(F32((k + 0.5) * s), F32(d)) for k in range(-20, 20) for d in (-1, 1)],
-                 np.float32)
+    x = np.array([np.nextafter(F32((k + 0.5) * s), F32(d))
+                  for k in range(-20, 20) for d in (-1, 1)], np.float32)
     dy = np.ones_like(x)
     fused = K.fake_quant_learnable_grad(x, dy, s, F32(2.5), -128, 127)[3]
     unfused = K.fake_quant_learnable_grad(x, dy, s, F32(2.5), -128, 127, fma=False)[3]
@@ -174,7 +176,8 @@ def test_lsq_fma_contraction_changes_near_ties():
 
 def test_lsq_zero_points_forward_and_backward_differ():
     # forward rne(z), backward trunc(z + 0.5): 2.5 -> 2 and 3; -0.5 -> -0 and 0; clamps to range
-    assert (K.forward_zero_point(F32(2.5), -128, 127), K.backward_zero_point(F32(2.5), -128, 127)) == (2, 3)
+    assert (K.forward_zero_point(F32(2.5), -128, 127),
+            K.backward_zero_point(F32(2.5), -128, 127)) == (2, 3)
     assert K.forward_zero_point(F32(300.0), 0, 255) == 255
     assert K.backward_zero_point(F32(-3.7), 0, 255) == 0
 
@@ -282,7 +285,8 @@ def test_fake_quantize_function_straight_through_gradient():
 def test_fake_quantize_fp16_input_rounds_output_to_fp16():
     x16 = np.array([[0.1, 1.7, -2.3]], np.float16)                 # (1 channel, 3)
     y = Q.fake_quantize_per_channel_affine(mpt.tensor(x16, "fp16"), [0.3], [1], 0, 0, 255)
-    y32, _, _ = K.fake_quant_per_channel(x16.astype(np.float32), F32([0.3]), np.array([1]), 0, 0, 255)
+    y32, _, _ = K.fake_quant_per_channel(x16.astype(np.float32), F32([0.3]), np.array([1]),
+                                         0, 0, 255)
     assert y.format.name == "fp16"
     assert_bits_equal(y.data, y32.astype(np.float16))
 
@@ -356,8 +360,8 @@ def test_per_tensor_equals_torch(scale, qmin, qmax):
         x = np.concatenate([_adversarial(scale, zp, qmin, qmax),
                             _spread(rng, 500, 100, scale)])
         y, mask, _ = K.fake_quant_per_tensor(x, F32(scale), zp, qmin, qmax)
-        yt, mt = torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(torch.from_numpy(x), float(F32(scale)),
-                                                                            zp, qmin, qmax)
+        yt, mt = torch.ops.aten.fake_quantize_per_tensor_affine_cachemask(
+            torch.from_numpy(x), float(F32(scale)), zp, qmin, qmax)
         assert_bits_equal(y, yt.numpy())
         assert np.array_equal(mask, mt.numpy())
 
@@ -370,8 +374,9 @@ def test_per_channel_equals_torch():
     scales = np.array(SCALES[:6], np.float32)
     zps = np.array([-128, 127, 0, 3, -5, 100])
     y, _, _ = K.fake_quant_per_channel(x, scales, zps, 0, -128, 127)
-    yt = torch.fake_quantize_per_channel_affine(torch.from_numpy(x), torch.from_numpy(scales),
-                                                torch.from_numpy(zps.astype(np.int32)), 0, -128, 127)
+    yt = torch.fake_quantize_per_channel_affine(
+        torch.from_numpy(x), torch.from_numpy(scales), torch.from_numpy(zps.astype(np.int32)),
+        0, -128, 127)
     assert_bits_equal(y, yt.numpy())
 
 

@@ -194,7 +194,8 @@ def test_int_linear_model_equals_fake_quant_model():
         must, near, fake = _check_layer(qat, intl, codes, sx, zx, lambda a: a)
         total_must, total_near = total_must + must, total_near + near
         codes = fake.astype(np.uint8)                 # next layer: the fake model's own input
-        sx, zx = qat.activation_post_process.scale[0], int(qat.activation_post_process.zero_point[0])
+        sx, zx = (qat.activation_post_process.scale[0],
+                  int(qat.activation_post_process.zero_point[0]))
     assert total_must >= 0.95 * (total_must + total_near)
     # end to end, the dequantized outputs agree except where a near tie propagated
     y_int = int_model(x)

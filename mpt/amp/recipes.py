@@ -119,11 +119,11 @@ class Fp8Config:
     """FP8 Linear layers as Transformer Engine runs them (``mpt.amp.linear.Fp8Linear``).
 
     ``scaling``: TE's ``DelayedScaling`` (margin, fp8_format, amax history, flavour); ``model``:
-    the MMA model of the FP8 GEMMs (None: the recipe's target's); ``promote_every``: products per promotion of the partial sum into an
-    FP32 register (DeepSeek-V3's 128) for the GEMMs that use TE's split accumulator;
-    ``split_accumulator``: (fprop, dgrad, wgrad) — TE's defaults ``_2X_ACC_FPROP = False``,
-    ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (the forward GEMM uses cuBLASLt's fast
-    accumulation, the backward ones promote).
+    the MMA model of the FP8 GEMMs (None: the recipe's target's); ``promote_every``: products per
+    promotion of the partial sum into an FP32 register (DeepSeek-V3's 128) for the GEMMs that use
+    TE's split accumulator; ``split_accumulator``: (fprop, dgrad, wgrad) — TE's defaults
+    ``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` (the forward GEMM uses
+    cuBLASLt's fast accumulation, the backward ones promote).
     """
 
     scaling: DelayedScaling = field(default_factory=DelayedScaling)

@@ -23,7 +23,8 @@ def observers() -> tuple:
 
 def add_observer(observer) -> None:
     """Start telling ``observer`` (``saved``/``grad`` methods) what the engine keeps."""
-    if not (callable(getattr(observer, "saved", None)) and callable(getattr(observer, "grad", None))):
+    if not (callable(getattr(observer, "saved", None))
+            and callable(getattr(observer, "grad", None))):
         raise TypeError(f"observer must have saved(items) and grad(array) methods; got "
                         f"{type(observer).__name__}")
     HOOKS.set(HOOKS.get() + (observer,))

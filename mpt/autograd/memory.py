@@ -182,7 +182,8 @@ class MemoryLedger:
 
 
 def record_saved(items) -> None:
-    """Tell the active ledger (if any) what an op saved for backward (:meth:`MemoryLedger.saved`)."""
+    """Tell the active ledger (if any) what an op saved for backward
+    (:meth:`MemoryLedger.saved`)."""
     ledger = active_ledger()
     if ledger is not None:
         ledger.saved(items)

@@ -17,5 +17,5 @@ from mpt.engines.model import (EVIDENCE, Assumption, MMAConfig, MMAModel, get_mm
 from mpt.engines.operands import Operands, register_kind
 
 __all__ = ["mma", "gemm", "Scale", "MMAModel", "MMAConfig", "Assumption", "EVIDENCE",
-           "mma_models", "get_mma_model", "register_model", "load_model", "Operands", "register_kind",
-           "models_table_rows"]
+           "mma_models", "get_mma_model", "register_model", "load_model", "Operands",
+           "register_kind", "models_table_rows"]

@@ -204,7 +204,8 @@ class MMAModel:
                 raise ValueError(f"model {self.name!r} has no assumption {name!r}; its "
                                  f"assumptions: {valid}")
             if value not in known[name].choices:
-                raise ValueError(f"{name} must be one of {', '.join(map(repr, known[name].choices))}"
+                raise ValueError(f"{name} must be one of "
+                                 f"{', '.join(map(repr, known[name].choices))}"
                                  f" for model {self.name!r}; got {value!r}")
         return replace(self, choices=tuple(sorted({**dict(self.choices), **choices}.items())))
 

@@ -83,7 +83,7 @@ class Attention(Function):
     def forward(ctx, q, k, v, fmt, scale, mask, additive, dropout):
         work = work_dtype(fmt)
         ctx.model = current_model()
-        s = matmul_acc(q, _t(k), fmt, ctx.model) * work(scale)                        # (..., L, S) FP32
+        s = matmul_acc(q, _t(k), fmt, ctx.model) * work(scale)        # (..., L, S) FP32
         with np.errstate(invalid="ignore", over="ignore"):
             if additive is not None:
                 s = s + additive
@@ -114,7 +114,7 @@ class Attention(Function):
         dv = unbroadcast(matmul_acc(_t(p_f), g, fmt, ctx.model), v.shape) if need_v else None
         if not (need_q or need_k):
             return None, None, dv, None, None, None, None, None
-        dp = matmul_acc(g, _t(v), fmt, ctx.model)                                      # (..., L, S) FP32
+        dp = matmul_acc(g, _t(v), fmt, ctx.model)                     # (..., L, S) FP32
         if keep is not None:
             dp = (dp * keep) * ctx.drop_scale
         shape = p.shape

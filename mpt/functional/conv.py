@@ -60,7 +60,7 @@ class Conv2d(Function):
         cols = cols.view(x.dtype).reshape(n, L, groups, kk)                     # (n, L, G, kk)
         cols = np.ascontiguousarray(cols.transpose(0, 2, 1, 3))                 # (n, G, L, kk)
         wg = np.ascontiguousarray(w.reshape(groups, og, kk).transpose(0, 2, 1))  # (G, kk, og)
-        acc = matmul_acc(cols, wg, fmt, ctx.model)                                    # (n, G, L, og)
+        acc = matmul_acc(cols, wg, fmt, ctx.model)                              # (n, G, L, og)
         acc = acc.transpose(0, 1, 3, 2).reshape(n, o, ho, wo)                   # (n, o, ho, wo)
         if b is not None:
             with np.errstate(over="ignore", invalid="ignore"):
@@ -82,7 +82,7 @@ class Conv2d(Function):
         g4 = np.ascontiguousarray(g4)
         dx = dw_ = db = None
         if need_x:
-            dcols = matmul_acc(g4, w.reshape(groups, og, kk), fmt, ctx.model)         # (n, G, L, kk)
+            dcols = matmul_acc(g4, w.reshape(groups, og, kk), fmt, ctx.model)   # (n, G, L, kk)
             dcols = np.ascontiguousarray(dcols.transpose(0, 2, 1, 3)).reshape(n, L, c * kh * kw)
             dx = kernels.col2im(dcols, c, h, wd, kh, kw, sh, sw, ph, pw, dh, dw, ho, wo)
         if need_w:

@@ -21,8 +21,8 @@ Precision contract:
   operands' dequantisation scales and the instruction's block scales (block rules; for NVFP4
   the per-tensor factor is Transformer Engine's alpha from both operands' amaxes). The bias is
   added to the FP32 GEMM result in FP32 and the sum is rounded once to the output format, the
-  input's (cuBLASLt's bias epilogue), not fed to the GEMM as its C operand. The bias gradient is the sequential FP32 column sum of the (unquantized)
-  output gradient.
+  input's (cuBLASLt's bias epilogue), not fed to the GEMM as its C operand. The bias gradient is
+  the sequential FP32 column sum of the (unquantized) output gradient.
 * Batch dimensions: an N-D ``input`` times a 2-D ``weight`` is one 2-D GEMM over the flattened
   rows (as PyTorch folds it; the wgrad is then one GEMM with K = all rows); otherwise batch
   dimensions broadcast and the gradients of broadcast operands are summed (fixed order, FP32).

@@ -87,7 +87,8 @@ class Var(Function):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             mean = (sum_axes(xw, axes) * (work(1) / work(n))).reshape(_kept_shape(x.shape, axes))
             d = xw - mean
-            v = sum_axes(d * d, axes) / work(n - correction if n > correction else 0)  # max(n − c, 0)
+            # divided by max(n − c, 0)
+            v = sum_axes(d * d, axes) / work(n - correction if n > correction else 0)
         ctx.out_format = fmt
         ctx.c = work(2.0 / (n - correction)) if n > correction else work(np.inf)
         ctx.shape, ctx.axes = x.shape, axes

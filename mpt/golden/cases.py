@@ -5,8 +5,8 @@ is bit-exact (mpt is deterministic: its results do not depend on the thread coun
 
 - ``mma``: :func:`mpt.mma` for one preset and input format (``in_format``), c of the output's
   dtype (float32, float16, or float64 for FP64 instructions); an instruction ``variant``, the
-  block-scaled ones with the instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and ``choices`` of the model's
-  assumed rules (``MMAModel.configure``); outputs ``d``.
+  block-scaled ones with the instruction's ``scale_a``/``scale_b`` (E8M0 or UE4M3 codes), and
+  ``choices`` of the model's assumed rules (``MMAModel.configure``); outputs ``d``.
 - ``gemm``: :func:`mpt.gemm` with split-K, FP8 promotion, float32 software scales and the
   instruction's block scales (E8M0/UE4M3 codes), and the model's keyword options (``options``: a
   TPU f32 dot's pass algorithm, Trainium's auto-cast); outputs ``d``.

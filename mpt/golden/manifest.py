@@ -48,7 +48,7 @@ class Case:
         return _contract_text(self.max_ulp)
 
 
-# ---- kinds (registered by mpt.golden.suite and mpt.golden.cases) -------------------------------------------------------------------------------------
+# ---- kinds (registered by mpt.golden.suite and mpt.golden.cases) ---------------------------------
 #: kind name -> function(inputs, params) -> outputs, computed with mpt.
 KINDS: dict[str, Callable[[dict, dict], dict]] = {}
 

@@ -44,9 +44,9 @@ on (Z, Nq, Nk), so forward, backward and the naive backend draw the same mask.
 thread count): ``FMA_TILE`` (ieee_fma on float32), ``FMA`` (sequential fma in W: fp64 mode),
 ``MUL_ADD`` (ieee_mul_add) and ``BLOCK`` (the Tensor Core block model of ``mpt.kernels.mma``: K
 consumed in blocks of L from the start of each tile GEMM), run by the tile GEMMs of
-:mod:`mpt.kernels.flash_gemm`. NaN and Inf propagate as the IEEE operations above do; a NaN score makes its row's max NaN. Oracle:
-``mpt.reference.attention.flash_forward`` / ``flash_backward`` (numpy, the same order), and the
-fp64 ``mpt.reference.attention.attention`` for accuracy.
+:mod:`mpt.kernels.flash_gemm`. NaN and Inf propagate as the IEEE operations above do; a NaN score
+makes its row's max NaN. Oracle: ``mpt.reference.attention.flash_forward`` / ``flash_backward``
+(numpy, the same order), and the fp64 ``mpt.reference.attention.attention`` for accuracy.
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ _TWO63 = 2.0**63
 # ---- affine fake quantization --------------------------------------------------------------------
 @njit(inline="always")
 def _fq_unclamped(x, inv, zf):
-    """``qf = fl32(fl32(z) + rne(fl32(x · inv)))`` of one float32 ``x`` (rint of a float32 is exact)."""
+    """``qf = fl32(fl32(z) + rne(fl32(x · inv)))`` of one float32 ``x`` (rint of a float32 is
+    exact)."""
     return np.float32(zf + np.float32(np.rint(np.float64(np.float32(x * inv)))))
 
 
@@ -159,7 +160,8 @@ def fake_quant_per_tensor(x, scale, zero_point: int, quant_min: int, quant_max: 
     if s.size != 1:
         raise ValueError(f"scale must be a scalar; got shape {s.shape}")
     _check_range(quant_min, quant_max, zero_point)
-    y, mask, codes = np.empty(x.size, np.float32), np.empty(x.size, np.bool_), np.empty(x.size, np.int32)
+    y, mask, codes = (np.empty(x.size, np.float32), np.empty(x.size, np.bool_),
+                      np.empty(x.size, np.int32))
     _fq_per_tensor(x.ravel(), np.float32(s.reshape(())), np.int64(zero_point), np.int64(quant_min),
                    np.int64(quant_max), y, mask, codes)
     return y.reshape(x.shape), mask.reshape(x.shape), codes.reshape(x.shape)
@@ -174,8 +176,9 @@ def _channel_view(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def fake_quant_per_channel(x, scale, zero_point, axis: int, quant_min: int, quant_max: int):
-    """``(y, mask, codes)``: PyTorch's ``fake_quantize_per_channel_affine`` (int zero points) on float32
-    ``x``; ``scale`` (float32) and ``zero_point`` (ints) have one entry per slice along ``axis``.
+    """``(y, mask, codes)``: PyTorch's ``fake_quantize_per_channel_affine`` (int zero points) on
+    float32 ``x``; ``scale`` (float32) and ``zero_point`` (ints) have one entry per slice along
+    ``axis``.
 
     Same contract as :func:`fake_quant_per_tensor` per slice, with the two per-channel details of
     the module docstring (x86 int64 conversion before the clamp; float64 dequantizing product).
@@ -237,10 +240,10 @@ def fake_quant_learnable_grad(x, dy, scale, zero_point_float, quant_min: int, qu
     ``_fake_quantize_learnable_per_tensor_affine_backward`` (module docstring).
 
     ``x``, ``dy`` float32 arrays of one shape; ``scale`` a float32 scalar; ``zero_point_float`` the
-    float32 learnable zero point (rounded here as PyTorch's backward does: ``trunc(clamp(z + 0.5))``);
-    ``grad_factor`` is rounded to float32; ``fma`` selects the contracted (x86-64 wheel) or the
-    unfused arithmetic. ``dscale``/``dzero_point`` are the float32 sums of the per-element vectors
-    (sequential float64 sum, one rounding). Oracle:
+    float32 learnable zero point (rounded here as PyTorch's backward does:
+    ``trunc(clamp(z + 0.5))``); ``grad_factor`` is rounded to float32; ``fma`` selects the
+    contracted (x86-64 wheel) or the unfused arithmetic. ``dscale``/``dzero_point`` are the float32
+    sums of the per-element vectors (sequential float64 sum, one rounding). Oracle:
     ``mpt.reference.lsq_grad_reference``.
     """
     x, dy = _as_f32("x", x), _as_f32("dy", dy)

@@ -121,8 +121,9 @@ def fake_quantize_learnable_per_tensor_affine(x: Tensor, scale: Tensor, zero_poi
     Forward: fake quantization with ``z = trunc(clamp(rne(zero_point)))``. Backward (PyTorch's
     formulas, ``mpt.kernels.quant``): ``dx = dy`` inside the range else 0; ``dscale = Σ dy·(xfq −
     x)/s`` inside, ``Σ dy·(qmin − z)`` below, ``Σ dy·(qmax − z)`` above; ``dzero_point = Σ −dy·s``
-    outside; each term times ``grad_factor`` (LSQ's ``g = 1/√(numel·qmax)``, :func:`lsq_grad_factor`).
-    The sums are float64 sequential sums rounded once to float32 (PyTorch: a float32 ``sum``).
+    outside; each term times ``grad_factor`` (LSQ's ``g = 1/√(numel·qmax)``,
+    :func:`lsq_grad_factor`). The sums are float64 sequential sums rounded once to float32
+    (PyTorch: a float32 ``sum``).
     """
     return _LearnableFakeQuantize.apply(x, scale, zero_point, quant_min, quant_max, grad_factor)
 

@@ -112,7 +112,7 @@ class _IntLayer(nn.Module):
         acc = self._accumulate(x)                                              # int32, channel last
         bias_q, m0, shift = self.requant_params(x.scale)
         if bias_q is not None:
-            acc = (acc.astype(np.int64) + bias_q).astype(np.int32)             # |acc| < 2^31 checked
+            acc = (acc.astype(np.int64) + bias_q).astype(np.int32)            # |acc| < 2^31 checked
         q = K.requantize(acc, m0, shift, self.out_zero_point, self.quant_min, self.quant_max)
         return QTensor(q.astype(_code_dtype(self.quant_min, self.quant_max)), self.out_scale,
                        self.out_zero_point)
@@ -145,7 +145,7 @@ class IntConv2d(_IntLayer):
         ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         iy = (np.arange(oh) * sh)[:, None] + np.arange(kh) * dh                # (oh, kh)
         ix = (np.arange(ow) * sw)[:, None] + np.arange(kw) * dw                # (ow, kw)
-        cols = padded[:, :, iy[:, None, :, None], ix[None, :, None, :]]        # (N, C, oh, ow, kh, kw)
+        cols = padded[:, :, iy[:, None, :, None], ix[None, :, None, :]]     # (N, C, oh, ow, kh, kw)
         cols = cols.transpose(0, 2, 3, 1, 4, 5).reshape(n * oh * ow, c * kh * kw)
         acc = K.int_matmul(np.ascontiguousarray(cols), x.zero_point,
                            self.weight_codes.reshape(o, -1), 0)                # (N·oh·ow, O)
@@ -171,10 +171,11 @@ def convert(network: nn.Module) -> nn.Module:
     differs from ``r`` by at most ``δ + ε_f`` — ``δ`` the exact difference between the float
     network's ideal sum ``Σ x_fq·w_fq + b`` and ``Sx·Sw·acc`` (dequantization roundings of
     ``x_fq``/``w_fq`` and the bias rounding, over ``So``), ``ε_f`` its float32 GEMM, bias and
-    reciprocal roundings — and the integer pipeline's by at most ``ε_i = 2^-(n+1) + |acc|·|M0·2^(shift−31)
-    − M|`` (SRDHM's rounding, the multiplier's). Where ``r`` is farther than both from every
-    half-integer, the int8 output equals the fake-quant network's code exactly; elsewhere (near
-    ties, where fake quant rounds half to even and gemmlowp half away) they differ by at most 1.
+    reciprocal roundings — and the integer pipeline's by at most
+    ``ε_i = 2^-(n+1) + |acc|·|M0·2^(shift−31) − M|`` (SRDHM's rounding, the multiplier's). Where
+    ``r`` is farther than both from every half-integer, the int8 output equals the fake-quant
+    network's code exactly; elsewhere (near ties, where fake quant rounds half to even and gemmlowp
+    half away) they differ by at most 1.
     """
     for _, module in list(network.named_modules()):
         for child_name, child in list(module.named_children()):

@@ -4,8 +4,8 @@
 ``LoRALinear`` computes ``y = base(x) + s · B(A(dropout(x)))`` with FP32 adapters ``A`` (r, in)
 and ``B`` (out, r) and ``s = α/r`` (rsLoRA: ``α/√r``), peft's defaults: r = 8, α = 8, A
 kaiming-uniform with ``a = √5`` — uniform in ``±1/√in`` — from mpt's seeded Philox stream keyed by
-the layer's dotted name (``nn.init_uniform_``), B = 0, so a fresh adapter leaves the network's output
-bit-identical (see below).
+the layer's dotted name (``nn.init_uniform_``), B = 0, so a fresh adapter leaves the network's
+output bit-identical (see below).
 
 **Base formats.** The frozen weight is stored as
 

@@ -72,7 +72,8 @@ def calculate_qparams(min_val, max_val, quant_min: int, quant_max: int, symmetri
     """``(scale float32 (C,), zero_point int32 (C,))`` from running ``min_val``/``max_val``
     (float32 arrays of one shape; PyTorch's ``_calculate_qparams``, module docstring).
 
-    Oracle: ``mpt.reference.qparams_reference``; tests/test_quant.py also checks hand-derived values.
+    Oracle: ``mpt.reference.qparams_reference``; tests/test_quant.py also checks hand-derived
+    values.
     """
     lo = np.atleast_1d(np.asarray(min_val, np.float32))
     hi = np.atleast_1d(np.asarray(max_val, np.float32))

@@ -40,7 +40,8 @@ def default_qat_qconfig(backend: str = "fbgemm") -> QConfig:
         weight = partial(FakeQuantize, observer=MovingAverageMinMaxObserver, quant_min=-128,
                          quant_max=127, dtype="qint8", qscheme="per_tensor_symmetric")
     else:
-        raise ValueError(f"backend must be 'fbgemm', 'x86', 'qnnpack' or 'default'; got {backend!r}")
+        raise ValueError("backend must be 'fbgemm', 'x86', 'qnnpack' or 'default'; "
+                         f"got {backend!r}")
     return QConfig(activation, weight)
 
 

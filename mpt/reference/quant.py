@@ -56,7 +56,7 @@ def _unclamped(x: float, inv: float, z: int) -> float:
 def _fq_element(x: float, s: float, z: int, qmin: int, qmax: int, per_channel: bool):
     inv = div32(1.0, s)
     qf = _unclamped(x, inv, z)
-    if per_channel:                                         # int64 first, then clamp, double product
+    if per_channel:                                        # int64 first, then clamp, double product
         qi = _x86_int64(qf)
         q = min(max(qi, qmin), qmax)
         return round_f32(Fraction(float(Fraction(q - z) * Fraction(s)))), qmin <= qi <= qmax

@@ -13,9 +13,9 @@ than two for either recipe) there is no spread to measure, and no decision (``ex
 
 Why the range and not the sample standard deviation: a grid affords few seeds (3–5), where a
 standard deviation is itself a noisy estimate and a threshold on it (2σ, say) assumes a normal
-distribution; the range assumes nothing, and adding a seed can only widen it. It is a screen, not a significance test: "exceeds"
-says the recipe moved the loss by more than changing the seed does, which is what the study's
-single-run claims ("close to fp32", "ends worse") mean.
+distribution; the range assumes nothing, and adding a seed can only widen it. It is a screen, not
+a significance test: "exceeds" says the recipe moved the loss by more than changing the seed
+does, which is what the study's single-run claims ("close to fp32", "ends worse") mean.
 """
 from __future__ import annotations
 

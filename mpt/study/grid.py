@@ -234,7 +234,8 @@ class GridResult:
     runs: list
 
     def stats(self) -> list[SeedStats]:
-        """Final held-out loss over the seeds per (size, lr, recipe) (:mod:`~mpt.study.aggregate`)."""
+        """Final held-out loss over the seeds per (size, lr, recipe)
+        (:mod:`~mpt.study.aggregate`)."""
         return aggregate((c.size.label(), c.lr, c.recipe, r.final_loss)
                          for c, r in zip(self.cells, self.runs))
 

@@ -1,14 +1,15 @@
 """L5: the study's cross-chip section — the same network, batches and initialisation trained on
 the models of several chips side by side (run by ``mpt.study.run.run_targets``; here its table).
 
-For each target (default: H100, AMD's MI300X, a TPU, Gaudi 3 and Trainium2) the section runs the portable ``bf16-amp`` recipe (FP32 weights, bf16
-autocast: the same recipe everywhere, so a difference between two such rows is the chips'
-arithmetic alone — their bf16 GEMM models, and conversion rules such as the TPU's flush) and the
-recipes written for that chip (``mpt.amp.recipes.NATIVE_TARGETS``: ``tpu-bf16``, ``gaudi3-fp8``,
-``trn-bf16-autocast``, ``trn-bf16-sr``). Every run is the main study's (``run_recipe``) with the
-target changed. Columns: the target and its evidence label, the recipe, the MMA model of its
-bf16 (or compute-format) GEMMs with that configuration's evidence, the held-out loss, its gap to
-the first row, the underflow share (as in the main table) and the wall time.
+For each target (default: H100, AMD's MI300X, a TPU, Gaudi 3 and Trainium2) the section runs the
+portable ``bf16-amp`` recipe (FP32 weights, bf16 autocast: the same recipe everywhere, so a
+difference between two such rows is the chips' arithmetic alone — their bf16 GEMM models, and
+conversion rules such as the TPU's flush) and the recipes written for that chip
+(``mpt.amp.recipes.NATIVE_TARGETS``: ``tpu-bf16``, ``gaudi3-fp8``, ``trn-bf16-autocast``,
+``trn-bf16-sr``). Every run is the main study's (``run_recipe``) with the target changed.
+Columns: the target and its evidence label, the recipe, the MMA model of its bf16 (or
+compute-format) GEMMs with that configuration's evidence, the held-out loss, its gap to the first
+row, the underflow share (as in the main table) and the wall time.
 """
 from __future__ import annotations
 

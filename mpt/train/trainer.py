@@ -204,8 +204,8 @@ def _make_scaler(recipe: Recipe):
 
 
 class Trainer:
-    """Carries out ``recipe`` on ``network`` (module docstring). ``network`` is changed in place (its
-    Linear layers swapped, its parameters rounded to the recipe's format)."""
+    """Carries out ``recipe`` on ``network`` (module docstring). ``network`` is changed in place
+    (its Linear layers swapped, its parameters rounded to the recipe's format)."""
 
     def __init__(self, network, recipe, config: TrainConfig = TrainConfig()):
         self.recipe = get_recipe(recipe)
