@@ -62,6 +62,7 @@ DEFAULT_NAN64 = np.array([0xFFF8000000000000], np.uint64).view(np.float64)
 BIG_NAN32 = np.array([0x7FC00000], np.uint32).view(np.float32)
 
 MX_BLOCK = 32                 # k per E8M0 block scale (OCP MX)
+_KC = 32                      # k per tile call: B's panels of one call stay in L1
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the packed finish)
 ROWS = 4                      # tile rows of the packed kernel: 4 x 32 outputs keep E, the scale
                               # and S (24 vectors) in the 32 AVX-512 registers; measured faster
@@ -378,54 +379,71 @@ def _splat(value, vtype):
     return ir.Constant(vtype, [value] * vtype.count)
 
 
+def _pow2_bits(e):
+    """The float64 pattern of 2^e (an int, for constants of :func:`_finish_lanes`)."""
+    return (e + 1023) << 52
+
+
 def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
-    """:func:`_finish` on 8 lanes: c (float64 at c_ptr, in: C, out: D), e (<8 x double> E; below
-    2^-126, even 0, only in groups of zero products, where S = 0 and E cannot set M), s (<8 x
-    double> S). An Inf or NaN C stays (the products are finite here)."""
+    """:func:`_finish` on 8 lanes: c (float64 at c_ptr, in: C, out: D), e (<8 x double> E, at
+    least 2^-126: :func:`_emit_group` raises a smaller E, which only groups of zero products
+    have, where S = 0, to 2^-126 — M = max(E, e(c)) is the same, e(c) >= 2^-126), s (<8 x
+    double> S). An Inf or NaN C stays (the products are finite here).
+
+    Powers of two are made on their float64 patterns, exactly: M = the unsigned max of the
+    patterns of E and of 2^e(c) (c's exponent field, raised to 2^-126's; patterns of positive
+    numbers order as their values), 2^(E−M+7) = E − M + 2^7 and 2^(24−M), 2^(M−31) by adding to
+    the exponent field; all are normal for a finite c (M <= 2^127). Then s31 = floor(S·2^(E−M+7))
+    and t24 = floor(c·2^(24−M)) (exact products: integers below 2^53 times powers of two),
+    (s31 + 2^7·t24)·2^(M−31) by one fma and one product (exact: below 2^38 units of 2^(M−31)),
+    and the one RNE rounding to FP32. An exact zero is +0: s31 is +0 (floor(+0)) or not zero,
+    and s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (−x) = +0, +0 + −0 = +0)."""
     vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
-    vabs = _gemm.vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
+    vfma = _gemm.vector_intrinsic(builder, "llvm.fma.v8f64", _VF64, 3)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v8i64", _VI64, 2)
     c = builder.load(c_ptr, align=8)
-    floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
-                                           _splat(0x7FF0000000000000, _VI64)), _VF64)
-    ec = builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])
-    m = builder.call(vmax, [e, ec])
-    r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
-                                    builder.bitcast(m, _VI64)), _VF64)        # 1/M, exactly
-    s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
-                                                             _splat(2.0**7, _VF64)))])
-    t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
-    if drop_far_c:
-        far = builder.fcmp_ordered("<", builder.fmul(ec, _splat(2.0**25, _VF64)), m)
+    field = builder.and_(builder.bitcast(c, _VI64), _splat(0x7FF0000000000000, _VI64))
+    ec = builder.call(vumax, [field, _splat(_pow2_bits(-126), _VI64)])
+    e = builder.bitcast(e, _VI64)
+    m = builder.call(vumax, [e, ec])
+    scale_s = builder.bitcast(builder.add(builder.sub(e, m), _splat(_pow2_bits(7), _VI64)),
+                              _VF64)
+    scale_c = builder.bitcast(builder.sub(_splat(_pow2_bits(24) + _pow2_bits(0), _VI64), m),
+                              _VF64)
+    grid = builder.bitcast(builder.sub(m, _splat(_pow2_bits(31) - _pow2_bits(0), _VI64)),
+                           _VF64)
+    s31 = builder.call(vfloor, [builder.fmul(s, scale_s)])
+    t24 = builder.call(vfloor, [builder.fmul(c, scale_c)])
+    if drop_far_c:   # 2^e(c)·2^25 < M
+        far = builder.icmp_unsigned("<", builder.add(ec, _splat(25 << 52, _VI64)), m)
         t24 = builder.select(far, _splat(0.0, _VF64), t24)
-    v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
-                     builder.fmul(m, _splat(2.0**-31, _VF64)))
-    # the one RNE rounding; an exact zero is +0 already: s31 is floor(+0) or non-zero, so the
-    # sum s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (-x) = +0, +0 + -0 = +0)
+    v = builder.fmul(builder.call(vfma, [t24, _splat(2.0**7, _VF64), s31]), grid)
     d = builder.fpext(builder.fptrunc(v, ir.VectorType(_F32, _WIDE)), _VF64)
-    finite = builder.fcmp_ordered("<", builder.call(vabs, [c]), _splat(np.inf, _VF64))
+    finite = builder.icmp_unsigned("!=", field, _splat(0x7FF0000000000000, _VI64))
     builder.store(builder.select(finite, d, c), c_ptr, align=8)
 
 
 def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
     """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
-    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on
+    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0, as the unsigned max
+    of float32 patterns: the products are >= +0 and never NaN, and such patterns order as their
+    values — ``llvm.maxnum`` would add a NaN test per step), the scale 2^24/E on
     float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
     truncating toward zero)."""
     rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
 
     def anchor_step(k, anchor):
         k = builder.add(k, k0)
         b = _gemm.panel_vectors(builder, pb_addr, k)
         a = _gemm.panel_splats(builder, pa_addr, k, rows)
-        return [builder.call(vmax, [anchor[i], builder.fmul(a[i // 2], b[i % 2])])
+        return [builder.call(vumax, [anchor[i], builder.bitcast(builder.fmul(a[i // 2],
+                                                                             b[i % 2]), _VI32)])
                 for i in range(tiles)]
-    anchor = _gemm.k_loop(builder, nk, [_splat(0.0, _VF32)] * tiles, anchor_step)
+    anchor = _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, anchor_step)
     scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
-        vumax, [builder.bitcast(x, _VI32), _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32)
-        for x in anchor]
+        vumax, [x, _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32) for x in anchor]
+    anchor = [builder.bitcast(x, _VF32) for x in anchor]
 
     def sum_step(k, total):
         k = builder.add(k, k0)
@@ -434,7 +452,16 @@ def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
             for i in range(tiles)]
-    return anchor, _gemm.k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+    return anchor, _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+
+
+def _k_steps(builder, nk, state, body):
+    """``_gemm.k_loop``, unrolled when nk is an int (a group size known when compiling)."""
+    if isinstance(nk, int):
+        for k in range(nk):
+            state = body(_gemm.const(k), state)
+        return state
+    return _gemm.k_loop(builder, nk, state, body)
 
 
 def _merge_halves(builder, even, odd):
@@ -443,11 +470,12 @@ def _merge_halves(builder, even, odd):
     the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
     same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
     field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
     vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
     anchor, total = [], []
     for e0, s0, e1, s1 in zip(*even, *odd):
-        e = builder.call(vmax, [e0, e1])
+        e = builder.bitcast(builder.call(vumax, [builder.bitcast(e0, _VI32),
+                                                 builder.bitcast(e1, _VI32)]), _VF32)
 
         def field(x):
             return builder.lshr(builder.bitcast(x, _VI32), _splat(23, _VI32))
@@ -460,44 +488,55 @@ def _merge_halves(builder, even, odd):
     return anchor, total
 
 
-def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halves):
-    """One group of nk products for a ROWS x COLS tile at tile_addr (float64, row-major),
-    in registers: (E, S) by :func:`_emit_sum` (FP8, ``halves``: of the first and the second
-    nk/2 products, the even-k and odd-k ones after :class:`MFMAOperands` reordered K, merged by
-    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
+def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, k0, nk, halves):
+    """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for a
+    ROWS x COLS tile at tile_addr (float64, row-major), in registers: (E, S) by
+    :func:`_emit_sum` (FP8, ``halves``: of the first and the second nk/2 products, the even-k
+    and odd-k ones after :class:`MFMAOperands` reordered K, merged by :func:`_merge_halves`),
+    then :func:`_finish_lanes` (FP8: dropping a far C)."""
     sums = (va_addr, pa_addr, vb_addr, pb_addr)
     if halves:
-        half = builder.lshr(nk, _gemm.const(1))
-        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, _gemm.const(0), half),
-                                      _emit_sum(builder, *sums, half, half))
+        half = nk // 2 if isinstance(nk, int) else builder.lshr(nk, _gemm.const(1))
+        second = builder.add(k0, _gemm.const(half) if isinstance(half, int) else half)
+        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, k0, half),
+                                      _emit_sum(builder, *sums, second, half))
     else:
-        anchor, total = _emit_sum(builder, *sums, _gemm.const(0), nk)
+        anchor, total = _emit_sum(builder, *sums, k0, nk)
     base = builder.inttoptr(tile_addr, _F64.as_pointer())
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    floored = [builder.bitcast(builder.call(vumax, [builder.bitcast(x, _VI32),
+                                                    _splat(0x00800000, _VI32)]), _VF32)
+               for x in anchor]                                      # E raised to 2^-126
     for i in range(len(anchor)):
         for part in range(2):
             lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
                                 list(range(part * _WIDE, (part + 1) * _WIDE)))
-            e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes), _VF64)
+            e = builder.fpext(builder.shuffle_vector(floored[i], floored[i], lanes), _VF64)
             s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes), _VF64)
             c_ptr = builder.bitcast(builder.gep(base, [_gemm.const((2 * i + part) * _WIDE)]),
                                     _VF64.as_pointer())
             _finish_lanes(builder, c_ptr, e, s, halves)
 
 
-def _group_intrinsic(halves):
-    @intrinsic
-    def group_tile(typingctx, tile, va, pa, vb, pb, nk):
-        def codegen(context, builder, signature, args):
-            _emit_group(builder, *args, halves)
-            return context.get_dummy_value()
-        return types.void(*([types.intp] * 6)), codegen
-    return group_tile
+def _emit_chunk(group, halves):
+    """The body of a tile kernel ``(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk,
+    ngroups)``: ngroups groups of nk products (``group``, an int, when not 0: nk is ignored and
+    each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
+    def emit(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, ngroups):
+        size = group or nk
+
+        def one_group(g, state):
+            k0 = builder.mul(g, _gemm.const(size) if group else size)
+            _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, k0, size, halves)
+            return state
+        _gemm.k_loop(builder, ngroups, [], one_group)
+    return emit
 
 
-#: ``_group_tile(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk)`` (intp arguments): one
-#: group of the fused rule (:func:`_emit_group`); ``_group_tile_fp8``: of the FP8 rule.
-_group_tile = _group_intrinsic(False)
-_group_tile_fp8 = _group_intrinsic(True)
+#: Tile kernels (:func:`_emit_chunk`): groups of 8 (f16/bf16), of any size, of the FP8 rule.
+_groups_of_8 = _gemm._tile_intrinsic(_emit_chunk(8, False), 7)
+_groups = _gemm._tile_intrinsic(_emit_chunk(0, False), 7)
+_groups_fp8 = _gemm._tile_intrinsic(_emit_chunk(0, True), 7)
 
 
 @njit(cache=True, parallel=True)
@@ -517,17 +556,21 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
     nb = acc.shape[0]
     mt, nt = vap.shape[1], vbp.shape[1]
     groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
+    step = max(_KC // group, 1) * group
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
         va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
-        for kb in range(k0, k1, group):
+        for kc in range(k0, k1, step):
+            ngroups = min(step, k1 - kc) // group
             for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
-                args = (acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
-                        pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data, pb_p[kb:].ctypes.data,
-                        group)
+                args = (acc[z, it, jt].ctypes.data, va_z[it, kc:].ctypes.data,
+                        pa_z[it, kc:].ctypes.data, vb_p[kc:].ctypes.data, pb_p[kc:].ctypes.data,
+                        group, ngroups)
                 if halves:
-                    _group_tile_fp8(*args)
+                    _groups_fp8(*args)
+                elif group == 8:
+                    _groups_of_8(*args)
                 else:
-                    _group_tile(*args)
+                    _groups(*args)
