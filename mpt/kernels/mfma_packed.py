@@ -1,0 +1,290 @@
+"""L1: the fused rules of CDNA3/CDNA4 (:mod:`mpt.kernels.mfma`), register-blocked in LLVM IR.
+
+:func:`fused_chain_packed` runs the rules "fused" and "fused_fp8" of ``mpt.reference.mfma`` (the
+oracle; tests/test_mfma.py and tests/test_mfma_fast.py check this kernel against it and against
+the general kernel ``mpt.kernels.mfma.fused_chain`` bit for bit) without MX scales, on operands
+whose products are all finite and, where not zero, within [2^-60, 2^60] (:func:`packed_ok`;
+every other call takes the general kernel). Per group of products and per tile of ROWS x COLS
+(4 x 32) outputs, in registers, one LLVM IR call covering up to 128 k:
+
+1. **anchor**: E = max over the group of nominal(a)·nominal(b) (:func:`nominals`: a zero's
+   nominal is 2^-126, a subnormal's the format's 2^emin), float32 products of powers of two,
+   from +0; the max is the unsigned max of the float32 patterns (values >= +0 and never NaN
+   order as their patterns);
+2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
+3. **finish** (:func:`_finish_lanes`, float64 on 8 lanes): re-alignment of S·2^(E−24) and c to
+   M = max(E, e(c)) rounding toward −∞ (31 and 24 fraction bits), one RNE rounding to FP32.
+
+Why every step is exact. Inputs have at most 11 significant bits (fp16, bf16, TF32, fp8), so a
+product a·b (at most 22 bits) is exact in float32 when it is normal, which every non-zero
+product is here (>= 2^-60). A non-zero product has nominal E_p with 2^-62 < E_p <= 2^60
+(|p| < 4·E_p), so a group with one has E in (2^-62, 2^60]: the scale 2^24/E is a normal power
+of two and a·b·2^24/E is exact; its truncation is the oracle's term, an integer below 2^26 in
+magnitude (|p| < 4E), and the 16 terms of the largest group sum exactly in int32 (< 2^30). In a
+group of zero products every term is 0 whatever the scale, which is why the scale's E is
+floored at 2^-64 (the scale stays finite: at most 2^88), and its E (0 or below 2^-126 in
+float32 when it underflows) is raised to 2^-126 for the finish: M = max(E, e(c)) is unchanged,
+e(c) >= 2^-126 (a zero or subnormal c counts as 2^-126). The finish is exact up to its one
+rounding (:func:`_finish_lanes`). The FP8 rule's halves merge by arithmetic shifts, the exact
+floors (:func:`_merge_halves`). The accumulator is float32, as the outputs: each group's D is the
+next group's C.
+
+Each output element sees the same operations in the same order whatever the tiling and the
+thread count. The kernels emit portable LLVM IR (vectors of 16 float32/int32 or 8 float64/int64
+lanes, generic intrinsics); LLVM picks the instructions for the host.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+from mpt.kernels import gemm as _gemm
+from mpt.kernels.mfma import _nominal
+from mpt.kernels.mma import magnitude_range
+
+__all__ = ["ROWS", "packed_ok", "nominals", "fused_chain_packed"]
+
+_KC = 128                     # k per tile call: B's panels of one call stay in L1
+_WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
+ROWS = 4                      # tile rows: 4 x 32 outputs keep E, the scale and S (24 vectors)
+                              # in the 32 AVX-512 registers; measured faster than 2, 3, 6 or 8
+# 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
+# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
+_SCALE_BITS = np.uint32(278 << 23)
+_ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
+_TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
+
+
+def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether decoded operands may take :func:`fused_chain_packed`: all finite, and every
+    non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
+    finite_a, lo_a, hi_a = magnitude_range(a)
+    finite_b, lo_b, hi_b = magnitude_range(b)
+    if not (finite_a and finite_b):
+        return False
+    return hi_a == 0 or hi_b == 0 or (lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60)
+
+
+@njit(cache=True)
+def nominals(x, emin_pow2, out):
+    """out = the nominal power of two of each value of x (float32, (n,)): :func:`_nominal`."""
+    for i in range(x.size):
+        out[i] = _nominal(np.float64(x[i]), emin_pow2)
+
+
+_F32, _I32 = ir.FloatType(), ir.IntType(32)
+_F64, _I64 = ir.DoubleType(), ir.IntType(64)
+_VF64, _VI64 = ir.VectorType(_F64, _WIDE), ir.VectorType(_I64, _WIDE)
+_VF32, _VI32 = ir.VectorType(_F32, 2 * _WIDE), ir.VectorType(_I32, 2 * _WIDE)
+_VF32x8 = ir.VectorType(_F32, _WIDE)
+
+
+def _splat(value, vtype):
+    return ir.Constant(vtype, [value] * vtype.count)
+
+
+def _pow2_bits(e):
+    """The float64 pattern of 2^e (an int, for constants of :func:`_finish_lanes`)."""
+    return (e + 1023) << 52
+
+
+def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
+    """``mpt.kernels.mfma._finish`` on 8 lanes: c (8 float32 at c_ptr, in: C, out: D), e (<8 x
+    double> E, at least 2^-126), s (<8 x double> S). An Inf or NaN C stays (the products are
+    finite here).
+
+    Exact up to the last rounding: powers of two are made on their float64 patterns: M = the
+    unsigned max of the patterns of E and of 2^e(c) (c's exponent field, raised to 2^-126's),
+    2^(E−M+7) = E − M + 2^7, 2^(24−M) and 2^(M−31) by integer adds to the exponent field, all
+    normal for a finite c (2^-126 <= M <= 2^127). s31 = floor(S·2^(E−M+7)) and t24 =
+    floor(c·2^(24−M)) are exact products (an integer below 2^30 or c, times a power of two) and
+    exact floors; (s31 + 2^7·t24)·2^(M−31) is one fma and one product, exact (below 2^38 units of
+    2^(M−31)); the conversion to float32 is the one RNE rounding. An exact zero is +0: s31 is +0
+    (floor(+0)) or not zero, and s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (−x) = +0,
+    +0 + −0 = +0). FP8 (``drop_far_c``): t24 = 0 when 2^e(c)·2^25 < M."""
+    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
+    vfma = _gemm.vector_intrinsic(builder, "llvm.fma.v8f64", _VF64, 3)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v8i64", _VI64, 2)
+    c32 = builder.load(c_ptr, align=4)
+    c = builder.fpext(c32, _VF64)
+    field = builder.and_(builder.bitcast(c, _VI64), _splat(0x7FF0000000000000, _VI64))
+    ec = builder.call(vumax, [field, _splat(_pow2_bits(-126), _VI64)])
+    e = builder.bitcast(e, _VI64)
+    m = builder.call(vumax, [e, ec])
+    scale_s = builder.bitcast(builder.add(builder.sub(e, m), _splat(_pow2_bits(7), _VI64)),
+                              _VF64)
+    scale_c = builder.bitcast(builder.sub(_splat(_pow2_bits(24) + _pow2_bits(0), _VI64), m),
+                              _VF64)
+    grid = builder.bitcast(builder.sub(m, _splat(_pow2_bits(31) - _pow2_bits(0), _VI64)),
+                           _VF64)
+    s31 = builder.call(vfloor, [builder.fmul(s, scale_s)])
+    t24 = builder.call(vfloor, [builder.fmul(c, scale_c)])
+    if drop_far_c:
+        far = builder.icmp_unsigned("<", builder.add(ec, _splat(25 << 52, _VI64)), m)
+        t24 = builder.select(far, _splat(0.0, _VF64), t24)
+    v = builder.fmul(builder.call(vfma, [t24, _splat(2.0**7, _VF64), s31]), grid)
+    finite = builder.icmp_unsigned("!=", field, _splat(0x7FF0000000000000, _VI64))
+    builder.store(builder.select(finite, builder.fptrunc(v, _VF32x8), c32), c_ptr, align=4)
+
+
+def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
+    """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
+    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0, as the unsigned max
+    of float32 patterns: the products are >= +0 and never NaN, and such patterns order as their
+    values — ``llvm.maxnum`` would add a NaN test per step), the scale 2^24/E on
+    float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
+    truncating toward zero)."""
+    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+
+    def anchor_step(k, anchor):
+        k = builder.add(k, k0)
+        b = _gemm.panel_vectors(builder, pb_addr, k)
+        a = _gemm.panel_splats(builder, pa_addr, k, rows)
+        return [builder.call(vumax, [anchor[i], builder.bitcast(builder.fmul(a[i // 2],
+                                                                             b[i % 2]), _VI32)])
+                for i in range(tiles)]
+    anchor = _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, anchor_step)
+    scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
+        vumax, [x, _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32) for x in anchor]
+    anchor = [builder.bitcast(x, _VF32) for x in anchor]
+
+    def sum_step(k, total):
+        k = builder.add(k, k0)
+        b = _gemm.panel_vectors(builder, vb_addr, k)
+        a = _gemm.panel_splats(builder, va_addr, k, rows)
+        return [builder.add(total[i], builder.fptosi(
+            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
+            for i in range(tiles)]
+    return anchor, _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+
+
+def _k_steps(builder, nk, state, body):
+    """``_gemm.k_loop``, unrolled when nk is an int (a group size known when compiling)."""
+    if isinstance(nk, int):
+        for k in range(nk):
+            state = body(_gemm.const(k), state)
+        return state
+    return _gemm.k_loop(builder, nk, state, body)
+
+
+def _merge_halves(builder, even, odd):
+    """The FP8 rule's step 2b on (E, S) of the even and the odd half: E = max(E0, E1) and
+    S = floor(S0·2^(E0-E)) + floor(S1·2^(E1-E)), as arithmetic right shifts (floor) of int32 by
+    the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
+    same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
+    field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    anchor, total = [], []
+    for e0, s0, e1, s1 in zip(*even, *odd):
+        e = builder.bitcast(builder.call(vumax, [builder.bitcast(e0, _VI32),
+                                                 builder.bitcast(e1, _VI32)]), _VF32)
+
+        def field(x):
+            return builder.lshr(builder.bitcast(x, _VI32), _splat(23, _VI32))
+
+        def shifted(e_h, s_h):
+            d = builder.call(vumin, [builder.sub(field(e), field(e_h)), _splat(31, _VI32)])
+            return builder.ashr(s_h, d)
+        anchor.append(e)
+        total.append(builder.add(shifted(e0, s0), shifted(e1, s1)))
+    return anchor, total
+
+
+def _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, k0, nk, halves):
+    """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
+    ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: (E, S) by
+    :func:`_emit_sum` (FP8, ``halves``: of the first and the second nk/2 products, the even-k
+    and odd-k ones after ``mpt.engines.amd.MFMAOperands`` reordered K, merged by
+    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
+    sums = (va_addr, pa_addr, vb_addr, pb_addr)
+    if halves:
+        half = nk // 2 if isinstance(nk, int) else builder.lshr(nk, _gemm.const(1))
+        second = builder.add(k0, _gemm.const(half) if isinstance(half, int) else half)
+        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, k0, half),
+                                      _emit_sum(builder, *sums, second, half))
+    else:
+        anchor, total = _emit_sum(builder, *sums, k0, nk)
+    base = builder.inttoptr(tile_addr, _F32.as_pointer())
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    for i, (x, total_i) in enumerate(zip(anchor, total)):
+        # E raised to 2^-126 (module docstring)
+        e = builder.bitcast(builder.call(vumax, [builder.bitcast(x, _VI32),
+                                                 _splat(_TINY_BITS, _VI32)]), _VF32)
+        row = builder.mul(_gemm.const(i // 2), ldc)
+        for part in range(2):
+            lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
+                                list(range(part * _WIDE, (part + 1) * _WIDE)))
+            col = _gemm.const((i % 2 * 2 + part) * _WIDE)
+            c_ptr = builder.bitcast(builder.gep(base, [builder.add(row, col)]),
+                                    _VF32x8.as_pointer())
+            _finish_lanes(builder, c_ptr, builder.fpext(builder.shuffle_vector(e, e, lanes),
+                                                        _VF64),
+                          builder.sitofp(builder.shuffle_vector(total_i, total_i, lanes),
+                                         _VF64), halves)
+
+
+def _tile_kernel(group, halves):
+    """A tile kernel ``(tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, nk, ngroups)``
+    (intp arguments): ngroups groups of nk products (of ``group``, an int, when not 0: nk is
+    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
+    def emit(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, nk, ngroups):
+        size = _gemm.const(group) if group else nk
+
+        def one_group(g, state):
+            _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr,
+                        builder.mul(g, size), group or nk, halves)
+            return state
+        _gemm.k_loop(builder, ngroups, [], one_group)
+
+    @intrinsic
+    def tile(typingctx, tile_addr, ldc, va, pa, vb, pb, nk, ngroups):
+        def codegen(context, builder, signature, args):
+            emit(builder, *args)
+            return context.get_dummy_value()
+        return types.void(*([types.intp] * 8)), codegen
+    return tile
+
+
+#: The tile kernels (:func:`_tile_kernel`): groups of 8 (CDNA3's f16/bf16), of any size, and
+#: of the FP8 rule.
+_groups_of_8 = _tile_kernel(8, False)
+_groups = _tile_kernel(0, False)
+_groups_fp8 = _tile_kernel(0, True)
+
+
+@njit(cache=True, parallel=True)
+def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
+    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands (module
+    docstring), in groups of ``group`` (``halves``: the FP8 rule, on operands whose K was
+    reordered within each group: even k first, then odd k).
+
+    vap, pap: (Ba, Mt, K, ROWS) float32 values and :func:`nominals` of A packed by
+    ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B,
+    Mt·ROWS, Nt·COLS) float32, C-contiguous, in: C, out: D. Tasks are (batch, column panel,
+    ``gemm.ROW_TILES`` row tiles); each calls a tile kernel per row tile and k-slice of _KC.
+    """
+    nb, ldc = acc.shape[0], acc.shape[2]
+    mt, nt = vap.shape[1], vbp.shape[1]
+    groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
+    step = max(_KC // group, 1) * group
+    for t in prange(nb * nt * groups):
+        z = t // (nt * groups)
+        jt = t // groups % nt
+        g = t % groups
+        va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
+        for kc in range(k0, k1, step):
+            ngroups = min(step, k1 - kc) // group
+            for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
+                args = (acc[z, it * ROWS:, jt * _gemm.COLS:].ctypes.data, ldc,
+                        va_z[it, kc:].ctypes.data, pa_z[it, kc:].ctypes.data,
+                        vb_p[kc:].ctypes.data, pb_p[kc:].ctypes.data, group, ngroups)
+                if halves:
+                    _groups_fp8(*args)
+                elif group == 8:
+                    _groups_of_8(*args)
+                else:
+                    _groups(*args)
