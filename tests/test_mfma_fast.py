@@ -24,7 +24,8 @@ FNUZ = ml_dtypes.float8_e4m3fnuz
 
 # (model, input format, variant or None): groups of 8 (the unrolled kernel), of 4 (the kernel of
 # any group size), the FP8 rule (even/odd halves), CDNA4's wide f16 and its OCP fp8 as CDNA3's
-CASES = [("cdna3", "fp16", None), ("cdna3", "bf16", None), ("cdna3", "fp16", "v_mfma_f32_16x16x16_f16"),
+CASES = [("cdna3", "fp16", None), ("cdna3", "bf16", None),
+         ("cdna3", "fp16", "v_mfma_f32_16x16x16_f16"),
          ("cdna3", "bf16", "v_mfma_f32_32x32x4_2b_bf16"), ("cdna3", "tf32", None),
          ("cdna3", "fp8_e4m3fnuz", None), ("cdna3", "fp8_e5m2fnuz", None),
          ("cdna4", "fp16", "v_mfma_f32_16x16x32_f16"), ("cdna4", "fp8_e4m3fn", None)]
@@ -211,3 +212,23 @@ def test_fallback_where_the_proof_ends():
     fnuz[0, 0, 0] = np.nan
     assert not _run("cdna3", "fp8_e4m3fnuz", fnuz, fnuz.transpose(0, 2, 1), c[:, :, :3].repeat(
         2, axis=2)[:, :, :4])[1]
+
+
+def test_float32_finish_edges():
+    """The float32 finish (every E of a tile at least 2^-90): a tiny negative C far below the
+    products (c·2^(24−E) underflows to −0, yet its floor is −1 unit of 2^(E−24)), a positive one
+    (floor 0), ±0, Inf and NaN C, against the oracle."""
+    spec = {"rule": "fused", "k": 8, "group": 8, "flush": False, "out": "fp32", "nan": "first"}
+    a = np.zeros((1, 1, 8), np.float32)
+    a[0, 0, 0] = 2.0**30
+    a = a.astype(ml_dtypes.bfloat16)
+    b = a.transpose(0, 2, 1).copy()
+    for c in (-(2.0**-149), 2.0**-149, -0.0, 0.0, -np.inf, np.nan, -(2.0**-126)):
+        cc = np.full((1, 1, 1), c, np.float32)
+        got, packed = _run("cdna3", "bf16", a, b, cc)
+        assert packed
+        want = mfma_reference(a[0].view(np.uint16).tolist(), b[0].view(np.uint16).tolist(),
+                              cc[0].view(np.uint32).tolist(), spec, "bf16", "bf16")
+        assert got[0].tolist() == want
+    got, _ = _run("cdna3", "bf16", a, b, np.full((1, 1, 1), -(2.0**-149), np.float32))
+    assert got[0, 0, 0] == np.float32(2.0**60 - 2.0**36).view(np.uint32)

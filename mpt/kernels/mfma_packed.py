@@ -12,8 +12,10 @@ every other call takes the general kernel). Per group of products and per tile o
    from +0; the max is the unsigned max of the float32 patterns (values >= +0 and never NaN
    order as their patterns);
 2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
-3. **finish** (:func:`_finish_lanes`, float64 on 8 lanes): re-alignment of S·2^(E−24) and c to
-   M = max(E, e(c)) rounding toward −∞ (31 and 24 fraction bits), one RNE rounding to FP32.
+3. **finish**: re-alignment of S·2^(E−24) and c to M = max(E, e(c)) rounding toward −∞ (31 and
+   24 fraction bits), one RNE rounding to FP32 — in float32 on 16 lanes (:func:`_finish_fast`,
+   TwoSum) when every E of the tile is at least 2^-90, else in float64 on 8 lanes
+   (:func:`_finish_lanes`; always for the FP8 rule).
 
 Why every step is exact. Inputs have at most 11 significant bits (fp16, bf16, TF32, fp8), so a
 product a·b (at most 22 bits) is exact in float32 when it is normal, which every non-zero
@@ -25,7 +27,7 @@ group of zero products every term is 0 whatever the scale, which is why the scal
 floored at 2^-64 (the scale stays finite: at most 2^88), and its E (0 or below 2^-126 in
 float32 when it underflows) is raised to 2^-126 for the finish: M = max(E, e(c)) is unchanged,
 e(c) >= 2^-126 (a zero or subnormal c counts as 2^-126). The finish is exact up to its one
-rounding (:func:`_finish_lanes`). The FP8 rule's halves merge by arithmetic shifts, the exact
+rounding (:func:`_finish_fast`, :func:`_finish_lanes` state why). The FP8 rule's halves merge by arithmetic shifts, the exact
 floors (:func:`_merge_halves`). The accumulator is float32, as the outputs: each group's D is the
 next group's C.
 
@@ -194,6 +196,62 @@ def _merge_halves(builder, even, odd):
     return anchor, total
 
 
+def _finish_fast(builder, c_ptr, e, s):
+    """The fused rule's finish (``_finish``) on 16 lanes in float32, for E >= 2^-90 (the
+    caller's test): c (16 float32 at c_ptr, in: C, out: D), e (E's float32 pattern, as int32),
+    s (S, int32). An Inf or NaN C stays.
+
+    With M = max(E, e(c)) (e(c) >= 2^-126), D = RNE(X0 + A): X0 = floor(c·2^(24−M))·2^(M−24)
+    — c itself when M = e(c) (c lies on that grid), floor(c·2^(24−E))·2^(E−24) when M = E —
+    and A = floor(S·2^(E−M+7))·2^(M−31) = q·2^g with g = max(E−24, e(c)−31) and q = S shifted
+    right (floor) by max(e(c) − E − 7, 0), capped at 31 (|S| < 2^30). Exact steps: the powers
+    of two are float32 patterns (2^g >= 2^-114, 2^(24−E) <= 2^114: normal); c·2^(24−E) is
+    exact where it is at least 1 in magnitude, and where it is smaller only its sign matters
+    (floor 0 or −1: a negative c gives at most −1, even if the product underflows to −0);
+    q = qh·2^14 + ql with |qh| < 2^16, 0 <= ql < 2^14, so A1 = qh·2^(g+14) and A2 = ql·2^g are
+    exact floats with A1 + A2 = A. TwoSum gives X = fl(X0 + A1) and its exact error; every value
+    lies on the grid 2^g and |err| <= ulp(X)/2 with |X| < 2^(M+6), so err + A2 is below
+    2^(M−9), at most 24 bits: exact. D = fl(X + (err + A2)) rounds the exact X0 + A once (an
+    exact zero: +0, as IEEE adds give it)."""
+    vsmax = _gemm.vector_intrinsic(builder, "llvm.smax.v16i32", _VI32, 2)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v16f32", _VF32, 1)
+    vminnum = _gemm.vector_intrinsic(builder, "llvm.minnum.v16f32", _VF32, 2)
+
+    def f32(x):
+        return builder.bitcast(x, _VF32)
+
+    c = builder.load(c_ptr, align=4)
+    field = builder.and_(builder.bitcast(c, _VI32), _splat(0x7F800000, _VI32))
+    ec = builder.call(vumax, [field, _splat(_TINY_BITS, _VI32)])
+    shift = builder.sub(builder.ashr(builder.sub(ec, e), _splat(23, _VI32)), _splat(7, _VI32))
+    shift = builder.call(vumin, [builder.call(vsmax, [shift, _splat(0, _VI32)]),
+                                 _splat(31, _VI32)])
+    q = builder.ashr(s, shift)
+    grid = builder.call(vsmax, [builder.sub(e, _splat(24 << 23, _VI32)),
+                                builder.sub(ec, _splat(31 << 23, _VI32))])
+    a1 = builder.fmul(builder.sitofp(builder.ashr(q, _splat(14, _VI32)), _VF32),
+                      f32(builder.add(grid, _splat(14 << 23, _VI32))))
+    a2 = builder.fmul(builder.sitofp(builder.and_(q, _splat(0x3FFF, _VI32)), _VF32), f32(grid))
+    floor_c = builder.call(vfloor, [builder.fmul(c, f32(builder.sub(
+        _splat(int(_SCALE_BITS), _VI32), e)))])
+    negative = builder.fcmp_ordered("<", c, _splat(0.0, _VF32))
+    floor_c = builder.select(negative, builder.call(vminnum, [floor_c, _splat(-1.0, _VF32)]),
+                             floor_c)
+    x0 = builder.select(builder.icmp_unsigned(">=", e, ec),
+                        builder.fmul(floor_c, f32(builder.sub(e, _splat(24 << 23, _VI32)))), c)
+    x = builder.fadd(x0, a1)                                   # TwoSum(x0, a1)
+    bv = builder.fsub(x, x0)
+    err = builder.fadd(builder.fsub(x0, builder.fsub(x, bv)), builder.fsub(a1, bv))
+    d = builder.fadd(x, builder.fadd(err, a2))
+    finite = builder.icmp_unsigned("!=", field, _splat(0x7F800000, _VI32))
+    builder.store(builder.select(finite, d, c), c_ptr, align=4)
+
+
+_FAST_E_BITS = (127 - 90) << 23   # E >= 2^-90: _finish_fast's range
+
+
 def _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, k0, nk, halves):
     """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
     ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: (E, S) by
@@ -209,6 +267,31 @@ def _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, k0,
     else:
         anchor, total = _emit_sum(builder, *sums, k0, nk)
     base = builder.inttoptr(tile_addr, _F32.as_pointer())
+    if halves:
+        _finish_wide(builder, base, ldc, anchor, total, halves)
+        return
+    # every E of the tile >= 2^-90: the float32 finish, else the float64 one
+    low = builder.bitcast(anchor[0], _VI32)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    for x in anchor[1:]:
+        low = builder.call(vumin, [low, builder.bitcast(x, _VI32)])
+    lanes = builder.icmp_unsigned(">=", low, _splat(_FAST_E_BITS, _VI32))
+    fast = builder.icmp_unsigned("==", builder.bitcast(lanes, ir.IntType(16)),
+                                 ir.Constant(ir.IntType(16), 0xFFFF))
+    with builder.if_else(fast) as (then, otherwise):
+        with then:
+            for i, (x, total_i) in enumerate(zip(anchor, total)):
+                offset = builder.add(builder.mul(_gemm.const(i // 2), ldc),
+                                     _gemm.const(i % 2 * 2 * _WIDE))
+                _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
+                                                      _VF32.as_pointer()),
+                             builder.bitcast(x, _VI32), total_i)
+        with otherwise:
+            _finish_wide(builder, base, ldc, anchor, total, halves)
+
+
+def _finish_wide(builder, base, ldc, anchor, total, halves):
+    """:func:`_finish_lanes` on each half of each (E, S) vector of the tile at base."""
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
     for i, (x, total_i) in enumerate(zip(anchor, total)):
         # E raised to 2^-126 (module docstring)
