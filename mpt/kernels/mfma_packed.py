@@ -27,9 +27,9 @@ group of zero products every term is 0 whatever the scale, which is why the scal
 floored at 2^-64 (the scale stays finite: at most 2^88), and its E (0 or below 2^-126 in
 float32 when it underflows) is raised to 2^-126 for the finish: M = max(E, e(c)) is unchanged,
 e(c) >= 2^-126 (a zero or subnormal c counts as 2^-126). The finish is exact up to its one
-rounding (:func:`_finish_fast`, :func:`_finish_lanes` state why). The FP8 rule's halves merge by arithmetic shifts, the exact
-floors (:func:`_merge_halves`). The accumulator is float32, as the outputs: each group's D is the
-next group's C.
+rounding (:func:`_finish_fast` and :func:`_finish_lanes` state why). The FP8 rule's halves
+merge by arithmetic shifts, the exact floors (:func:`_merge_halves`). The accumulator is
+float32, as the outputs: each group's D is the next group's C.
 
 Each output element sees the same operations in the same order whatever the tiling and the
 thread count. The kernels emit portable LLVM IR (vectors of 16 float32/int32 or 8 float64/int64
