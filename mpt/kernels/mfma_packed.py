@@ -44,7 +44,6 @@ from numba.core.extending import intrinsic
 
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.mfma import _nominal
-from mpt.kernels.mma import magnitude_range
 
 __all__ = ["ROWS", "packed_ok", "nominals", "fused_chain_packed"]
 
@@ -60,13 +59,30 @@ _TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
 
 
 def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether decoded operands may take :func:`fused_chain_packed`: all finite, and every
-    non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
-    finite_a, lo_a, hi_a = magnitude_range(a)
-    finite_b, lo_b, hi_b = magnitude_range(b)
-    if not (finite_a and finite_b):
+    """Whether decoded operands (float32) may take :func:`fused_chain_packed`: all finite, and
+    every non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
+    (hi_a, lo_a), (hi_b, lo_b) = (_magnitudes(np.ascontiguousarray(x).reshape(-1)
+                                              .view(np.uint32)) for x in (a, b))
+    if max(hi_a, hi_b) >= 0x7F800000:                  # an Inf or a NaN
         return False
-    return hi_a == 0 or hi_b == 0 or (lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60)
+    if hi_a == 0 or hi_b == 0:                         # every product is zero
+        return True
+    lo_a, lo_b, hi_a, hi_b = (np.float64(np.uint32(x).view(np.float32))
+                              for x in (lo_a, lo_b, hi_a, hi_b))
+    return lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60
+
+
+@njit(cache=True)
+def _magnitudes(bits):
+    """(largest, smallest non-zero) magnitude pattern of float32 patterns (sign dropped; the
+    patterns of magnitudes order as their values); the smallest is 0 when all are ±0. Integer
+    min/max only, so the loop vectorizes."""
+    hi, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    for i in range(bits.size):
+        m = bits[i] & np.uint32(0x7FFFFFFF)
+        hi = max(hi, m)
+        low = min(low, np.uint32(m - np.uint32(1)))   # ±0 wraps to the largest
+    return hi, np.uint32(low + np.uint32(1))
 
 
 @njit(cache=True)
