@@ -232,3 +232,13 @@ def test_float32_finish_edges():
         assert got[0].tolist() == want
     got, _ = _run("cdna3", "bf16", a, b, np.full((1, 1, 1), -(2.0**-149), np.float32))
     assert got[0, 0, 0] == np.float32(2.0**60 - 2.0**36).view(np.uint32)
+
+
+def test_anchor_codes_refuse_exponents_out_of_range():
+    """pack_codes holds anchors only while max ea + max eb <= 129 (packed_ok's operands)."""
+    from mpt.kernels.mfma_packed import pack_codes
+    ea = np.full((1, 4, 8), 70, np.int32)
+    ca, cb = pack_codes(ea, np.full((1, 3, 8), 59, np.int32))
+    assert ca.shape == (1, 1, 8, 4) and cb.shape == (1, 1, 8, 64)
+    with pytest.raises(ValueError, match="anchor codes"):
+        pack_codes(ea, np.full((1, 3, 8), 60, np.int32))

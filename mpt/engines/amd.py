@@ -62,6 +62,7 @@ from mpt.engines.model import Assumption, MMAConfig, MMAModel, register_model
 from mpt.engines.nvidia import F8F6F4, FP8
 from mpt.engines.operands import PackedOperands, register_kind, tiles
 from mpt.formats import get_format
+from mpt.kernels import gemm as _gemm
 from mpt.kernels import mfma as _mfma
 from mpt.kernels import mfma_packed as _packed
 
@@ -261,11 +262,15 @@ class MFMAOperands(PackedOperands):
                 order = np.arange(self.padded).reshape(-1, self.group // 2, 2)
                 order = order.transpose(0, 2, 1).ravel()
                 a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
-            pa, pb = np.empty_like(a), np.empty_like(b)
-            _packed.nominals(a.ravel(), self.emins[0], pa.ravel())
-            _packed.nominals(b.ravel(), self.emins[1], pb.ravel())
-            self.a, self.b, self.rows = (a, pa), (b, pb), _packed.ROWS
-            self.pack()
+            ea, eb = (np.empty(x.shape, np.int32) for x in (a, b))
+            for x, e, f in ((a, ea, self.formats[0]), (b, eb, self.formats[1])):
+                _packed.exponents(x.reshape(-1).view(np.uint32),
+                                  get_format("fp32" if f == "tf32" else f).emin, e.reshape(-1))
+            self.a, self.b, self.rows = (a, ea), (b, eb), _packed.ROWS
+            self.orient()                          # A's and B's roles fix their codes
+            codes = _packed.pack_codes(self.a[1], self.b[1].transpose(0, 2, 1))
+            self.a = (_gemm.pack_rows(self.a[0], self.rows), codes[0])
+            self.b = (_gemm.pack_cols(self.b[0]), codes[1])
         else:
             self.a, self.b = a, b
 

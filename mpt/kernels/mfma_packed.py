@@ -7,10 +7,11 @@ whose products are all finite and, where not zero, within [2^-60, 2^60] (:func:`
 every other call takes the general kernel). Per group of products and per tile of ROWS x COLS
 (4 x 32) outputs, in registers, one LLVM IR call covering up to 128 k:
 
-1. **anchor**: E = max over the group of nominal(a)·nominal(b) (:func:`nominals`: a zero's
-   nominal is 2^-126, a subnormal's the format's 2^emin), float32 products of powers of two,
-   from +0; the max is the unsigned max of the float32 patterns (values >= +0 and never NaN
-   order as their patterns);
+1. **anchor**: E = max over the group of nominal(a)·nominal(b) — 2^(ea + eb) with the nominal
+   exponents of :func:`exponents` (a zero's is −126, a subnormal's the format's emin) —, raised
+   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_anchor`): u = ea + s and
+   v = s − 126 − eb, clipped to [0, 255], s = 255 − max ea; the saturating difference u ⊖ v =
+   max(0, ea + eb + 126) is the code of 2^max(ea + eb, −126);
 2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
 3. **finish**: re-alignment of S·2^(E−24) and c to M = max(E, e(c)) rounding toward −∞ (31 and
    24 fraction bits), one RNE rounding to FP32 — in float32 on 16 lanes (:func:`_finish_fast`,
@@ -24,9 +25,14 @@ product is here (>= 2^-60). A non-zero product has nominal E_p with 2^-62 < E_p 
 of two and a·b·2^24/E is exact; its truncation is the oracle's term, an integer below 2^26 in
 magnitude (|p| < 4E), and the 16 terms of the largest group sum exactly in int32 (< 2^30). In a
 group of zero products every term is 0 whatever the scale, which is why the scale's E is
-floored at 2^-64 (the scale stays finite: at most 2^88), and its E (0 or below 2^-126 in
-float32 when it underflows) is raised to 2^-126 for the finish: M = max(E, e(c)) is unchanged,
-e(c) >= 2^-126 (a zero or subnormal c counts as 2^-126). The finish is exact up to its one
+floored at 2^-64 (the scale stays finite: at most 2^88), and why E may be raised to 2^-126:
+E < 2^-126 holds only zero products, and M = max(E, e(c)) is unchanged, e(c) >= 2^-126 (a zero
+or subnormal c counts as 2^-126). The codes are exact where it matters: u <= 255 and v >= 0
+as long as max ea + max eb <= 129 (:func:`pack_codes` checks it; non-zero products of the
+packed range have ea + eb <= 60, a zero's −126 + eb <= 1); a u clipped to 0 (ea < max ea − 255)
+or a v clipped to 255 (eb < −126 − max ea) belongs to a product with ea + eb < −126, whose
+difference is 0 either way; a product of ea + eb >= −126 has both codes unclipped, and its
+difference ea + eb + 126 <= 255. The finish is exact up to its one
 rounding (:func:`_finish_fast` and :func:`_finish_lanes` state why). The FP8 rule's halves
 merge by arithmetic shifts, the exact floors (:func:`_merge_halves`). The accumulator is
 float32, as the outputs: each group's D is the next group's C.
@@ -43,9 +49,8 @@ from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from mpt.kernels import gemm as _gemm
-from mpt.kernels.mfma import _nominal
 
-__all__ = ["ROWS", "packed_ok", "nominals", "fused_chain_packed"]
+__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed"]
 
 _KC = 128                     # k per tile call: B's panels of one call stay in L1
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
@@ -56,6 +61,7 @@ ROWS = 4                      # tile rows: 4 x 32 outputs keep E, the scale and 
 _SCALE_BITS = np.uint32(278 << 23)
 _ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
 _TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
+_ZERO_EXP = -126              # a zero's nominal exponent, and the anchor codes' floor
 
 
 def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
@@ -86,10 +92,66 @@ def _magnitudes(bits):
 
 
 @njit(cache=True)
-def nominals(x, emin_pow2, out):
-    """out = the nominal power of two of each value of x (float32, (n,)): :func:`_nominal`."""
-    for i in range(x.size):
-        out[i] = _nominal(np.float64(x[i]), emin_pow2)
+def exponents(bits, emin, out):
+    """out = the nominal exponent of each float32 pattern of bits ((n,) uint32 -> (n,) int32):
+    max(floor(log2|x|), emin) for x != 0 (emin >= -126: a float32 subnormal gets emin), and
+    -126 for a zero (``mpt.kernels.mfma._nominal``)."""
+    for i in range(bits.size):
+        field = np.int32((bits[i] >> np.uint32(23)) & np.uint32(0xFF))
+        zero = (bits[i] & np.uint32(0x7FFFFFFF)) == 0
+        out[i] = _ZERO_EXP if zero else max(field - np.int32(127), emin)
+
+
+def pack_codes(ea: np.ndarray, eb: np.ndarray):
+    """The anchor codes of A and B from their nominal exponents :func:`exponents`: A's
+    (Ba, Mt, K, ROWS) uint32 (each code in all four bytes), B's (Bb, Nt, K, 64) uint8 (the
+    interleaved panel :func:`_emit_anchor` reads); ea (Ba, M, K), eb (Bb, N, K), any strides.
+    The codes hold every anchor when max ea + max eb <= 129 (module docstring), which
+    :func:`packed_ok` operands meet: a largest nominal exponent that comes from a normal value
+    is at most log2 of it, so two such sum to at most log2 of the largest product, 60; one that
+    comes from a subnormal or a zero (emin, −126) sums with the other operand's to at most
+    emin + the largest exponent of its format, <= 1 for every format here. ValueError
+    otherwise."""
+    top_a, top_b = int(ea.max()), int(eb.max())
+    if top_a + top_b > 255 + _ZERO_EXP:
+        raise ValueError(f"anchor codes need max ea + max eb <= {255 + _ZERO_EXP}; got "
+                         f"{top_a} + {top_b} (operands outside packed_ok's range)")
+    shift = 255 - top_a
+    nb, m, k = ea.shape
+    ca = np.zeros((nb, -(-m // ROWS), k, ROWS), np.uint32)
+    cb = np.full((eb.shape[0], -(-eb.shape[1] // _gemm.COLS), k, 2 * _gemm.COLS), 255, np.uint8)
+    _codes_a(ea, shift, _gemm.along_k(ea), ca)
+    _codes_b(eb, shift + _ZERO_EXP, _gemm.along_k(eb), cb)
+    return ca, cb
+
+
+@njit(cache=True)
+def _codes_a(ea, shift, along_k, out):
+    """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255); ea read
+    in memory order (``along_k``: K is its faster axis)."""
+    nr, nk = ea.shape[1], ea.shape[2]
+    for z in range(ea.shape[0]):
+        for i in range(nr if along_k else nk):
+            for j in range(nk if along_k else nr):
+                r, k = (i, j) if along_k else (j, i)
+                u = min(max(ea[z, r, k] + shift, 0), 255)
+                out[z, r // ROWS, k, r % ROWS] = np.uint32(u * 0x01010101)
+
+
+@njit(cache=True)
+def _codes_b(eb, shift, along_k, out):
+    """out[z, t, k, L] = v = clip(shift − eb[z, t·COLS + j, k], 0, 255) for both bytes L of
+    column j: L = 8·(j // 4) + j % 4 and L + 4 (255 past N: the difference is then 0); eb
+    read in memory order."""
+    cols, nc, nk = _gemm.COLS, eb.shape[1], eb.shape[2]
+    for z in range(eb.shape[0]):
+        for i in range(nc if along_k else nk):
+            for j in range(nk if along_k else nc):
+                c, k = (i, j) if along_k else (j, i)
+                lane = 8 * (c % cols // 4) + c % 4
+                v = np.uint8(min(max(shift - eb[z, c, k], 0), 255))
+                out[z, c // cols, k, lane] = v
+                out[z, c // cols, k, lane + 4] = v
 
 
 _F32, _I32 = ir.FloatType(), ir.IntType(32)
@@ -147,7 +209,51 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
     builder.store(builder.select(finite, builder.fptrunc(v, _VF32x8), c32), c_ptr, align=4)
 
 
-def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
+def _emit_anchor(builder, ca_addr, cb_addr, k0, nk):
+    """E of products k0 .. k0+nk-1 for the ROWS x COLS tile: 8 vectors of 16 float32 patterns
+    (as int32), row r, columns 16h .. 16h+15 in vector 2r + h. On uint8 codes, two rows per
+    register (lanes of 4 bytes alternate between the rows of a pair): per k, the pair's two A
+    codes broadcast as one 64-bit word, B's interleaved panel (:func:`pack_codes`), anchor =
+    max(anchor, u ⊖ v) (saturating); then each row's lanes are picked out, zero-extended:
+    E = 2^(code − 126), code 0 standing for every anchor <= 2^-126 (module docstring)."""
+    vi8 = ir.VectorType(ir.IntType(8), 64)
+    vi64 = ir.VectorType(_I64, 8)
+    usub = _gemm.vector_intrinsic(builder, "llvm.usub.sat.v64i8", vi8, 2)
+    umax = _gemm.vector_intrinsic(builder, "llvm.umax.v64i8", vi8, 2)
+    a_base = builder.inttoptr(ca_addr, _I64.as_pointer())
+    b_base = builder.inttoptr(cb_addr, vi8.as_pointer())
+
+    def step(k, anchor):
+        k = builder.add(k, k0)
+        b = builder.load(builder.gep(b_base, [k]), align=1)
+        out = []
+        for p in range(ROWS // 2):
+            word = builder.load(builder.gep(a_base, [builder.add(
+                builder.mul(k, _gemm.const(ROWS // 2)), _gemm.const(p))]), align=4)
+            a = builder.bitcast(builder.insert_element(ir.Constant(vi64, ir.Undefined), word,
+                                                       ir.Constant(_I32, 0)), vi64)
+            a = builder.bitcast(builder.shuffle_vector(a, ir.Constant(vi64, ir.Undefined),
+                                                       ir.Constant(ir.VectorType(_I32, 8),
+                                                                   [0] * 8)), vi8)
+            out.append(builder.call(umax, [anchor[p], builder.call(usub, [a, b])]))
+        return out
+    pairs = _k_steps(builder, nk, [ir.Constant(vi8, [0] * 64)] * (ROWS // 2), step)
+    zero = ir.Constant(vi8, [0] * 64)
+    out = []
+    for r in range(ROWS):
+        for h in range(2):
+            mask = []
+            for t in range(16):
+                j = 16 * h + t
+                mask += [8 * (j // 4) + j % 4 + 4 * (r % 2), 64, 64, 64]
+            code = builder.bitcast(builder.shuffle_vector(
+                pairs[r // 2], zero, ir.Constant(ir.VectorType(_I32, 64), mask)), _VI32)
+            out.append(builder.shl(builder.add(code, _splat(127 + _ZERO_EXP, _VI32)),
+                                   _splat(23, _VI32)))
+    return out
+
+
+def _emit_sum(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
     """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
     of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0, as the unsigned max
     of float32 patterns: the products are >= +0 and never NaN, and such patterns order as their
@@ -156,15 +262,7 @@ def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
     truncating toward zero)."""
     rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-
-    def anchor_step(k, anchor):
-        k = builder.add(k, k0)
-        b = _gemm.panel_vectors(builder, pb_addr, k)
-        a = _gemm.panel_splats(builder, pa_addr, k, rows)
-        return [builder.call(vumax, [anchor[i], builder.bitcast(builder.fmul(a[i // 2],
-                                                                             b[i % 2]), _VI32)])
-                for i in range(tiles)]
-    anchor = _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, anchor_step)
+    anchor = _emit_anchor(builder, ca_addr, cb_addr, k0, nk)
     scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
         vumax, [x, _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32) for x in anchor]
     anchor = [builder.bitcast(x, _VF32) for x in anchor]
@@ -268,13 +366,13 @@ def _finish_fast(builder, c_ptr, e, s):
 _FAST_E_BITS = (127 - 90) << 23   # E >= 2^-90: _finish_fast's range
 
 
-def _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, k0, nk, halves):
+def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves):
     """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
     ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: (E, S) by
     :func:`_emit_sum` (FP8, ``halves``: of the first and the second nk/2 products, the even-k
     and odd-k ones after ``mpt.engines.amd.MFMAOperands`` reordered K, merged by
     :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
-    sums = (va_addr, pa_addr, vb_addr, pb_addr)
+    sums = (va_addr, ca_addr, vb_addr, cb_addr)
     if halves:
         half = nk // 2 if isinstance(nk, int) else builder.lshr(nk, _gemm.const(1))
         second = builder.add(k0, _gemm.const(half) if isinstance(half, int) else half)
@@ -327,14 +425,14 @@ def _finish_wide(builder, base, ldc, anchor, total, halves):
 
 
 def _tile_kernel(group, halves):
-    """A tile kernel ``(tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, nk, ngroups)``
+    """A tile kernel ``(tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups)``
     (intp arguments): ngroups groups of nk products (of ``group``, an int, when not 0: nk is
     ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
-    def emit(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr, nk, ngroups):
+    def emit(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups):
         size = _gemm.const(group) if group else nk
 
         def one_group(g, state):
-            _emit_group(builder, tile_addr, ldc, va_addr, pa_addr, vb_addr, pb_addr,
+            _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
                         builder.mul(g, size), group or nk, halves)
             return state
         _gemm.k_loop(builder, ngroups, [], one_group)
@@ -356,13 +454,14 @@ _groups_fp8 = _tile_kernel(0, True)
 
 
 @njit(cache=True, parallel=True)
-def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
+def fused_chain_packed(vap, cap, vbp, cbp, acc, ia, ib, k0, k1, group, halves):
     """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands (module
     docstring), in groups of ``group`` (``halves``: the FP8 rule, on operands whose K was
     reordered within each group: even k first, then odd k).
 
-    vap, pap: (Ba, Mt, K, ROWS) float32 values and :func:`nominals` of A packed by
-    ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B,
+    vap: (Ba, Mt, K, ROWS) float32 values of A packed by ``gemm.pack_rows``, cap its anchor
+    codes (:func:`pack_codes`); vbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``, cbp: (Bb,
+    Nt, K, 2·COLS) its codes; acc: (B,
     Mt·ROWS, Nt·COLS) float32, C-contiguous, in: C, out: D. Tasks are (batch, column panel,
     ``gemm.ROW_TILES`` row tiles); each calls a tile kernel per row tile and k-slice of _KC.
     """
@@ -374,13 +473,13 @@ def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
+        va_z, ca_z, vb_p, cb_p = vap[ia[z]], cap[ia[z]], vbp[ib[z], jt], cbp[ib[z], jt]
         for kc in range(k0, k1, step):
             ngroups = min(step, k1 - kc) // group
             for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
                 args = (acc[z, it * ROWS:, jt * _gemm.COLS:].ctypes.data, ldc,
-                        va_z[it, kc:].ctypes.data, pa_z[it, kc:].ctypes.data,
-                        vb_p[kc:].ctypes.data, pb_p[kc:].ctypes.data, group, ngroups)
+                        va_z[it, kc:].ctypes.data, ca_z[it, kc:].ctypes.data,
+                        vb_p[kc:].ctypes.data, cb_p[kc:].ctypes.data, group, ngroups)
                 if halves:
                     _groups_fp8(*args)
                 elif group == 8:
