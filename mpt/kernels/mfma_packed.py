@@ -290,8 +290,8 @@ def _merge_halves(builder, even, odd):
     """The FP8 rule's step 2b on (E, S) of the even and the odd half: E = max(E0, E1) and
     S = floor(S0·2^(E0-E)) + floor(S1·2^(E1-E)), as arithmetic right shifts (floor) of int32 by
     the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
-    same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
-    field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
+    same floor, 0 or -1). A half whose E is the codes' floor 2^-126 holds only zero products
+    (a non-zero one has E > 2^-62): S_h = 0 and any shift leaves it 0."""
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
     vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
     anchor, total = [], []
@@ -405,12 +405,9 @@ def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0,
 
 
 def _finish_wide(builder, base, ldc, anchor, total, halves):
-    """:func:`_finish_lanes` on each half of each (E, S) vector of the tile at base."""
-    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-    for i, (x, total_i) in enumerate(zip(anchor, total)):
-        # E raised to 2^-126 (module docstring)
-        e = builder.bitcast(builder.call(vumax, [builder.bitcast(x, _VI32),
-                                                 _splat(_TINY_BITS, _VI32)]), _VF32)
+    """:func:`_finish_lanes` on each half of each (E, S) vector of the tile at base (E >= 2^-126:
+    the anchor codes' floor)."""
+    for i, (e, total_i) in enumerate(zip(anchor, total)):
         row = builder.mul(_gemm.const(i // 2), ldc)
         for part in range(2):
             lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
