@@ -96,15 +96,18 @@ def _accumulator(rng, shape, scale):
 
 
 @pytest.mark.parametrize("model, fmt, variant", CASES)
-@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 3, 5, 7), (2, 37, 70, 45), (1, 9, 200, 33)])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 3, 5, 7), (2, 37, 70, 45), (1, 9, 200, 33),
+                                   (2, 70, 24, 5)])
 def test_packed_equals_general_on_adversarial_inputs(model, fmt, variant, shape):
     """Random finite operands over the whole packed range, awkward accumulators; K that is no
-    multiple of the group (zero padding), odd M and N (tile edges), batches."""
+    multiple of the group (zero padding), odd M and N (tile edges), batches, and a tall, narrow
+    product the kernel computes transposed (B's values in A's role: its anchor codes too)."""
     rng = np.random.default_rng(hash((model, fmt, variant, shape)) % 2**32)
     nb, m, k, n = (1,) * (4 - len(shape)) + shape if len(shape) < 4 else shape
     spread = 29 if fmt in ("bf16", "tf32") else 0   # |products| within [2^-60, 2^60]
     a = _finite_patterns(rng, fmt, (nb, m, k), spread)
     b = _finite_patterns(rng, fmt, (nb, k, n), spread)
+    assert _operands(model, fmt, a, b, variant).swap == (n < 8 and m > 32)
     for scale in (1.0, 2.0**-20, 2.0**40):
         c = _accumulator(rng, (nb, m, n), scale)
         got, want = _packed_and_general(model, fmt, a, b, c, variant)
