@@ -64,6 +64,7 @@ from mpt.engines.operands import PackedOperands, register_kind, tiles
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
 from mpt.kernels import mfma as _mfma
+from mpt.kernels import mfma_packed as _packed
 
 __all__ = ["MODELS", "MFMAOperands", "RULES", "FNUZ_FP8", "SEVERAL_NANS", "CDNA4_ACCUMULATION"]
 
@@ -202,6 +203,7 @@ class MFMAOperands(PackedOperands):
 
     canonical_nan = False
     SCALES = True
+    acc_dtype = np.float32        # the packed kernel's accumulator (the fused rules output FP32)
 
     @classmethod
     def check_config(cls, cfg):
@@ -255,16 +257,20 @@ class MFMAOperands(PackedOperands):
         a = _pad(self.a, 2, self.padded, 0.0)                         # (Ba, M, Kp)
         b = _pad(self.b, 1, self.padded, 0.0)                         # (Bb, Kp, N)
         self.sa, self.sb = self._block_scales()
-        if self.rule.startswith("fused") and self.sa.shape[2] == 0 and _mfma.packed_ok(a, b):
+        if self.rule.startswith("fused") and self.sa.shape[2] == 0 and _packed.packed_ok(a, b):
             if self.rule == "fused_fp8":   # each group's even k first, then its odd k
                 order = np.arange(self.padded).reshape(-1, self.group // 2, 2)
                 order = order.transpose(0, 2, 1).ravel()
                 a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
-            pa, pb = np.empty_like(a), np.empty_like(b)
-            _mfma.nominals(a.ravel(), self.emins[0], pa.ravel())
-            _mfma.nominals(b.ravel(), self.emins[1], pb.ravel())
-            self.a, self.b, self.rows = (a, pa), (b, pb), _mfma.ROWS
-            self.pack()
+            ea, eb = (np.empty(x.shape, np.int32) for x in (a, b))
+            for x, e, f in ((a, ea, self.formats[0]), (b, eb, self.formats[1])):
+                _packed.exponents(x.reshape(-1).view(np.uint32),
+                                  get_format("fp32" if f == "tf32" else f).emin, e.reshape(-1))
+            self.a, self.b, self.rows = (a, ea), (b, eb), _packed.ROWS
+            self.orient()                          # A's and B's roles fix their codes
+            codes = _packed.pack_codes(self.a[1], self.b[1].transpose(0, 2, 1))
+            self.a = (_gemm.pack_rows(self.a[0], self.rows), codes[0])
+            self.b = (_gemm.pack_cols(self.b[0]), codes[1])
         else:
             self.a, self.b = a, b
 
@@ -299,7 +305,7 @@ class MFMAOperands(PackedOperands):
         if c is not None:
             c = _mfma.decode(c, self.out_format)           # a NaN C quieted, its payload kept
         if self.rows:
-            return _gemm.pack_tiles(self._padded(c), self.rows)
+            return self._padded(c)
         acc = np.zeros((self.batch_size, self.m, self.n), self.out_dtype)
         if c is not None:
             acc[...] = c
@@ -311,7 +317,7 @@ class MFMAOperands(PackedOperands):
         k_inst = self.cfg.block
         k1 = min(tiles(k1, k_inst) * k_inst, self.padded)
         if self.rows:
-            _mfma.fused_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, self.group,
+            _packed.fused_chain_packed(*self.a, *self.b, acc, self.ia, self.ib, k0, k1, self.group,
                                      self.rule == "fused_fp8")
         elif self.rule == "fma":
             _mfma.fma_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, self.default_nan,
@@ -324,12 +330,6 @@ class MFMAOperands(PackedOperands):
             _mfma.fused_chain(self.a, self.b, acc, self.ia, self.ib, k0, k1, self.group,
                               self.rule == "fused_fp8", *self.emins, self.sa, self.sb,
                               self.default_nan, self.last)
-
-    def values(self, acc):
-        if self.rows:
-            rows, cols = self._shape
-            acc = _gemm.unpack_tiles(acc, self.rows, rows, cols)
-        return super().values(acc)
 
 
 def _choice(model, name, default):

@@ -22,17 +22,15 @@ Kernels:
   pairwise tree of FP32 adds, CDNA2's flushes. Exact: every step is one IEEE float32 operation
   (Numba does not contract or reassociate without fastmath).
 * :func:`fused_chain` — CDNA3 (and CDNA4) groups, any operands, MX scales: the general path.
-* :func:`fused_chain_packed` — the same without MX scales, on operands whose products are
-  finite and within [2^-60, 2^60] (:func:`packed_ok`), register-blocked: a group's anchor pass,
-  sum pass and float64 finish run in one LLVM IR call per 4x32 tile of outputs, on panels packed
-  as ``mpt.kernels.gemm`` packs them (FP8: K reordered so that each half is contiguous).
+The register-blocked kernel of the fused rules (operands within a proven range) is
+:mod:`mpt.kernels.mfma_packed`'s ``fused_chain_packed``.
 
 Why the fused rule is exact in float64 (inputs of at most 11 significant bits — fp16, bf16,
-TF32, fp8/6/4 — so every product a·b is exact in float64, and in float32 on the fast path):
-nominal exponents are powers of two (2^-506 <= E <= 2^510 with scales), so scaling by them is
-exact; each truncated term is an integer below 2^26 (|p| < 4·2^e <= 4E), a group sum S below
-2^30; s = floor(S·2^(E-M+7)) < 2^37 and t = floor(c·2^(24-M)) < 2^25 are exact floors, and
-(s + 2^7·t)·2^(M-31) < 2^38·2^(M-31) is exact, so ``np.float32`` of it is the one RNE rounding.
+TF32, fp8/6/4 — so every product a·b is exact in float64): nominal exponents are powers of two
+(2^-506 <= E <= 2^510 with scales), so scaling by them is exact; each truncated term is an
+integer below 2^26 (|p| < 4·2^e <= 4E), a group sum S below 2^30; s = floor(S·2^(E-M+7)) < 2^37
+and t = floor(c·2^(24-M)) < 2^25 are exact floors, and (s + 2^7·t)·2^(M-31) < 2^38·2^(M-31) is
+exact, so ``np.float32`` of it is the one RNE rounding.
 
 NaN bits are the oracle's: a NaN result takes the first (``last``: the last) NaN among the
 group's operands in the order c, a_0, b_0, a_1, b_1, … (copied, never computed, so the payload
@@ -41,19 +39,17 @@ survives), else the made NaN (``DEFAULT_NAN32``/``DEFAULT_NAN64``, or ``BIG_NAN3
 """
 from __future__ import annotations
 
-import llvmlite.ir as ir
 import numpy as np
 from numba import njit, prange, types
-from numba.core.extending import intrinsic, overload
+from numba.core.extending import overload
 
 from mpt.formats import get_format
-from mpt.kernels import gemm as _gemm
 from mpt.kernels.fma import fma32, fma64
-from mpt.kernels.mma import magnitude_range, pow2_floor, recip_pow2
+from mpt.kernels.mma import pow2_floor, recip_pow2
+from mpt.kernels.rounding import widen_bf16, widen_fp16
 
 __all__ = ["DEFAULT_NAN32", "DEFAULT_NAN64", "BIG_NAN32", "decode", "decode_scales",
-           "fma_chain", "pairwise_chain", "fused_chain", "fused_chain_packed", "packed_ok",
-           "nominals", "ROWS", "MX_BLOCK"]
+           "fma_chain", "pairwise_chain", "fused_chain", "MX_BLOCK"]
 
 #: The NaN the arithmetic makes (Inf·0, Inf − Inf): x86's default NaN, as MMA-Sim gives it.
 DEFAULT_NAN32 = np.array([0xFFC00000], np.uint32).view(np.float32)
@@ -62,14 +58,6 @@ DEFAULT_NAN64 = np.array([0xFFF8000000000000], np.uint64).view(np.float64)
 BIG_NAN32 = np.array([0x7FC00000], np.uint32).view(np.float32)
 
 MX_BLOCK = 32                 # k per E8M0 block scale (OCP MX)
-_WIDE = 8                     # float64 lanes of one AVX-512 register (the packed finish)
-ROWS = 4                      # tile rows of the packed kernel: 4 x 32 outputs keep E, the scale
-                              # and S (24 vectors) in the 32 AVX-512 registers; measured faster
-                              # than 2, 3, 6 or 8 rows
-# 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
-# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
-_SCALE_BITS = np.uint32(278 << 23)
-_ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
 _TINY = 2.0**-126             # FP32's smallest normal: CDNA2's flush, and a zero's exponent
 
 
@@ -96,6 +84,14 @@ def decode(x, fmt, *, flush=False) -> np.ndarray:
         v = bits.view(np.float32).copy()
         v.view(np.uint32)[np.isnan(v)] |= np.uint32(0x00400000)
         return v
+    if f.name in ("fp16", "bf16") and x.dtype == f.dtype:  # exact, faster than casts
+        v = np.empty(x.shape, np.float32)
+        bits = v.reshape(-1).view(np.uint32)
+        (widen_fp16 if f.name == "fp16" else widen_bf16)(x.reshape(-1).view(np.uint16), bits)
+        nan = np.isnan(v)
+        if nan.any():                      # the payload is in place: quiet it
+            v.view(np.uint32)[nan] |= np.uint32(0x00400000)
+        return _flushed(v, f) if flush else v
     storage = np.uint8 if x.dtype.itemsize == 1 else np.uint16
     raw = x.view(storage).astype(np.uint32) & np.uint32((1 << f.bits) - 1)
     with np.errstate(invalid="ignore"):
@@ -109,8 +105,12 @@ def decode(x, fmt, *, flush=False) -> np.ndarray:
             quiet = ((raw >> np.uint32(f.bits - 1)) << np.uint32(31)) | np.uint32(0x7FC00000) \
                 | ((raw & np.uint32((1 << m) - 1)) << np.uint32(23 - m))
         v.view(np.uint32)[nan] = quiet[nan]
-    if flush:
-        v[np.abs(v) < f.min_normal] = 0.0
+    return _flushed(v, f) if flush else v
+
+
+def _flushed(v, f):
+    """v with values below the format's smallest normal (−0 included) set to +0, in place."""
+    v[np.abs(v) < f.min_normal] = 0.0
     return v
 
 
@@ -347,187 +347,3 @@ def fused_chain(a, b, acc, ia, ib, k0, k1, group, halves, emin_a, emin_b, sa, sb
                 c = _fused_group(c, a_row, b_mat, j, kb, group, halves, emin_a, emin_b, sa_row,
                                  sb_mat, default_nan[0], last)
             acc[z, i, j] = c
-
-
-# ---- the fused rule, register-blocked ---------------------------------------------------------
-
-def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether decoded operands may take :func:`fused_chain_packed`: all finite, and every
-    non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
-    finite_a, lo_a, hi_a = magnitude_range(a)
-    finite_b, lo_b, hi_b = magnitude_range(b)
-    if not (finite_a and finite_b):
-        return False
-    return hi_a == 0 or hi_b == 0 or (lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60)
-
-
-@njit(cache=True)
-def nominals(x, emin_pow2, out):
-    """out = the nominal power of two of each value of x (float32, (n,)): :func:`_nominal`."""
-    for i in range(x.size):
-        out[i] = _nominal(np.float64(x[i]), emin_pow2)
-
-
-_F32, _I32 = ir.FloatType(), ir.IntType(32)
-_F64, _I64 = ir.DoubleType(), ir.IntType(64)
-_VF64, _VI64 = ir.VectorType(_F64, _WIDE), ir.VectorType(_I64, _WIDE)
-_VF32, _VI32 = ir.VectorType(_F32, 2 * _WIDE), ir.VectorType(_I32, 2 * _WIDE)
-
-
-def _splat(value, vtype):
-    return ir.Constant(vtype, [value] * vtype.count)
-
-
-def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
-    """:func:`_finish` on 8 lanes: c (float64 at c_ptr, in: C, out: D), e (<8 x double> E; below
-    2^-126, even 0, only in groups of zero products, where S = 0 and E cannot set M), s (<8 x
-    double> S). An Inf or NaN C stays (the products are finite here)."""
-    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v8f64", _VF64, 2)
-    vabs = _gemm.vector_intrinsic(builder, "llvm.fabs.v8f64", _VF64, 1)
-    c = builder.load(c_ptr, align=8)
-    floor_c = builder.bitcast(builder.and_(builder.bitcast(c, _VI64),
-                                           _splat(0x7FF0000000000000, _VI64)), _VF64)
-    ec = builder.call(vmax, [floor_c, _splat(_TINY, _VF64)])
-    m = builder.call(vmax, [e, ec])
-    r = builder.bitcast(builder.sub(_splat(0x7FE0000000000000, _VI64),
-                                    builder.bitcast(m, _VI64)), _VF64)        # 1/M, exactly
-    s31 = builder.call(vfloor, [builder.fmul(s, builder.fmul(builder.fmul(e, r),
-                                                             _splat(2.0**7, _VF64)))])
-    t24 = builder.call(vfloor, [builder.fmul(c, builder.fmul(r, _splat(2.0**24, _VF64)))])
-    if drop_far_c:
-        far = builder.fcmp_ordered("<", builder.fmul(ec, _splat(2.0**25, _VF64)), m)
-        t24 = builder.select(far, _splat(0.0, _VF64), t24)
-    v = builder.fmul(builder.fadd(s31, builder.fmul(t24, _splat(2.0**7, _VF64))),
-                     builder.fmul(m, _splat(2.0**-31, _VF64)))
-    # the one RNE rounding; an exact zero is +0 already: s31 is floor(+0) or non-zero, so the
-    # sum s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (-x) = +0, +0 + -0 = +0)
-    d = builder.fpext(builder.fptrunc(v, ir.VectorType(_F32, _WIDE)), _VF64)
-    finite = builder.fcmp_ordered("<", builder.call(vabs, [c]), _splat(np.inf, _VF64))
-    builder.store(builder.select(finite, d, c), c_ptr, align=8)
-
-
-def _emit_sum(builder, va_addr, pa_addr, vb_addr, pb_addr, k0, nk):
-    """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
-    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0), the scale 2^24/E on
-    float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
-    truncating toward zero)."""
-    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-
-    def anchor_step(k, anchor):
-        k = builder.add(k, k0)
-        b = _gemm.panel_vectors(builder, pb_addr, k)
-        a = _gemm.panel_splats(builder, pa_addr, k, rows)
-        return [builder.call(vmax, [anchor[i], builder.fmul(a[i // 2], b[i % 2])])
-                for i in range(tiles)]
-    anchor = _gemm.k_loop(builder, nk, [_splat(0.0, _VF32)] * tiles, anchor_step)
-    scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
-        vumax, [builder.bitcast(x, _VI32), _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32)
-        for x in anchor]
-
-    def sum_step(k, total):
-        k = builder.add(k, k0)
-        b = _gemm.panel_vectors(builder, vb_addr, k)
-        a = _gemm.panel_splats(builder, va_addr, k, rows)
-        return [builder.add(total[i], builder.fptosi(
-            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
-            for i in range(tiles)]
-    return anchor, _gemm.k_loop(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
-
-
-def _merge_halves(builder, even, odd):
-    """The FP8 rule's step 2b on (E, S) of the even and the odd half: E = max(E0, E1) and
-    S = floor(S0·2^(E0-E)) + floor(S1·2^(E1-E)), as arithmetic right shifts (floor) of int32 by
-    the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
-    same floor, 0 or -1). A half whose E is below 2^-126 (subnormal or 0 in float32, so its
-    field reads 0) holds only zero products: S_h = 0 and any shift leaves it 0."""
-    vmax = _gemm.vector_intrinsic(builder, "llvm.maxnum.v16f32", _VF32, 2)
-    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
-    anchor, total = [], []
-    for e0, s0, e1, s1 in zip(*even, *odd):
-        e = builder.call(vmax, [e0, e1])
-
-        def field(x):
-            return builder.lshr(builder.bitcast(x, _VI32), _splat(23, _VI32))
-
-        def shifted(e_h, s_h):
-            d = builder.call(vumin, [builder.sub(field(e), field(e_h)), _splat(31, _VI32)])
-            return builder.ashr(s_h, d)
-        anchor.append(e)
-        total.append(builder.add(shifted(e0, s0), shifted(e1, s1)))
-    return anchor, total
-
-
-def _emit_group(builder, tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk, halves):
-    """One group of nk products for a ROWS x COLS tile at tile_addr (float64, row-major),
-    in registers: (E, S) by :func:`_emit_sum` (FP8, ``halves``: of the first and the second
-    nk/2 products, the even-k and odd-k ones after :class:`MFMAOperands` reordered K, merged by
-    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
-    sums = (va_addr, pa_addr, vb_addr, pb_addr)
-    if halves:
-        half = builder.lshr(nk, _gemm.const(1))
-        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, _gemm.const(0), half),
-                                      _emit_sum(builder, *sums, half, half))
-    else:
-        anchor, total = _emit_sum(builder, *sums, _gemm.const(0), nk)
-    base = builder.inttoptr(tile_addr, _F64.as_pointer())
-    for i in range(len(anchor)):
-        for part in range(2):
-            lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
-                                list(range(part * _WIDE, (part + 1) * _WIDE)))
-            e = builder.fpext(builder.shuffle_vector(anchor[i], anchor[i], lanes), _VF64)
-            s = builder.sitofp(builder.shuffle_vector(total[i], total[i], lanes), _VF64)
-            c_ptr = builder.bitcast(builder.gep(base, [_gemm.const((2 * i + part) * _WIDE)]),
-                                    _VF64.as_pointer())
-            _finish_lanes(builder, c_ptr, e, s, halves)
-
-
-def _group_intrinsic(halves):
-    @intrinsic
-    def group_tile(typingctx, tile, va, pa, vb, pb, nk):
-        def codegen(context, builder, signature, args):
-            _emit_group(builder, *args, halves)
-            return context.get_dummy_value()
-        return types.void(*([types.intp] * 6)), codegen
-    return group_tile
-
-
-#: ``_group_tile(tile_addr, va_addr, pa_addr, vb_addr, pb_addr, nk)`` (intp arguments): one
-#: group of the fused rule (:func:`_emit_group`); ``_group_tile_fp8``: of the FP8 rule.
-_group_tile = _group_intrinsic(False)
-_group_tile_fp8 = _group_intrinsic(True)
-
-
-@njit(cache=True, parallel=True)
-def fused_chain_packed(vap, pap, vbp, pbp, acc, ia, ib, k0, k1, group, halves):
-    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands.
-
-    vap, pap: (Ba, Mt, K, ROWS) float32 values and :func:`nominals` of A packed by
-    ``gemm.pack_rows``; vbp, pbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``; acc: (B, Mt, Nt,
-    ROWS·COLS) float64 tiles (``gemm.pack_tiles``), in: C, out: D. Per group and tile, in
-    registers (:func:`_emit_group`): the anchor pass (E = max of nominal products, from 0: C is
-    not in it), the sum pass (int32 Σ trunc(a·b·2^24/E): float32 products of <= 11-bit values
-    are exact, |S| < 8·2^26), then the finish in float64. E is floored at 2^-64 for the scale
-    2^24/E (so it stays finite, at most 2^88): only groups of zero products, whose terms are 0
-    anyway, reach the floor (a non-zero product has E >= 2^-62 here). ``halves``: the FP8 rule,
-    on operands whose K was reordered within each group (even k first, then odd k).
-    """
-    nb = acc.shape[0]
-    mt, nt = vap.shape[1], vbp.shape[1]
-    groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
-    for t in prange(nb * nt * groups):
-        z = t // (nt * groups)
-        jt = t // groups % nt
-        g = t % groups
-        va_z, pa_z, vb_p, pb_p = vap[ia[z]], pap[ia[z]], vbp[ib[z], jt], pbp[ib[z], jt]
-        for kb in range(k0, k1, group):
-            for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
-                args = (acc[z, it, jt].ctypes.data, va_z[it, kb:].ctypes.data,
-                        pa_z[it, kb:].ctypes.data, vb_p[kb:].ctypes.data, pb_p[kb:].ctypes.data,
-                        group)
-                if halves:
-                    _group_tile_fp8(*args)
-                else:
-                    _group_tile(*args)

@@ -1,0 +1,485 @@
+"""L1: the fused rules of CDNA3/CDNA4 (:mod:`mpt.kernels.mfma`), register-blocked in LLVM IR.
+
+:func:`fused_chain_packed` runs the rules "fused" and "fused_fp8" of ``mpt.reference.mfma`` (the
+oracle; tests/test_mfma.py and tests/test_mfma_fast.py check this kernel against it and against
+the general kernel ``mpt.kernels.mfma.fused_chain`` bit for bit) without MX scales, on operands
+whose products are all finite and, where not zero, within [2^-60, 2^60] (:func:`packed_ok`;
+every other call takes the general kernel). Per group of products and per tile of ROWS x COLS
+(4 x 32) outputs, in registers, one LLVM IR call covering up to 128 k:
+
+1. **anchor**: E = max over the group of nominal(a)·nominal(b) — 2^(ea + eb) with the nominal
+   exponents of :func:`exponents` (a zero's is −126, a subnormal's the format's emin) —, raised
+   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_anchor`): u = ea + s and
+   v = s − 126 − eb, clipped to [0, 255], s = 255 − max ea; the saturating difference u ⊖ v =
+   max(0, ea + eb + 126) is the code of 2^max(ea + eb, −126);
+2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
+3. **finish**: re-alignment of S·2^(E−24) and c to M = max(E, e(c)) rounding toward −∞ (31 and
+   24 fraction bits), one RNE rounding to FP32 — in float32 on 16 lanes (:func:`_finish_fast`,
+   TwoSum) when every E of the tile is at least 2^-90, else in float64 on 8 lanes
+   (:func:`_finish_lanes`; always for the FP8 rule).
+
+Why every step is exact. Inputs have at most 11 significant bits (fp16, bf16, TF32, fp8), so a
+product a·b (at most 22 bits) is exact in float32 when it is normal, which every non-zero
+product is here (>= 2^-60). A non-zero product has nominal E_p with 2^-62 < E_p <= 2^60
+(|p| < 4·E_p), so a group with one has E in (2^-62, 2^60]: the scale 2^24/E is a normal power
+of two and a·b·2^24/E is exact; its truncation is the oracle's term, an integer below 2^26 in
+magnitude (|p| < 4E), and the 16 terms of the largest group sum exactly in int32 (< 2^30). In a
+group of zero products every term is 0 whatever the scale, which is why the scale's E is
+floored at 2^-64 (the scale stays finite: at most 2^88), and why E may be raised to 2^-126:
+E < 2^-126 holds only zero products, and M = max(E, e(c)) is unchanged, e(c) >= 2^-126 (a zero
+or subnormal c counts as 2^-126). The codes are exact where it matters: u <= 255 and v >= 0
+as long as max ea + max eb <= 129 (:func:`pack_codes` checks it; non-zero products of the
+packed range have ea + eb <= 60, a zero's −126 + eb <= 1); a u clipped to 0 (ea < max ea − 255)
+or a v clipped to 255 (eb < −126 − max ea) belongs to a product with ea + eb < −126, whose
+difference is 0 either way; a product of ea + eb >= −126 has both codes unclipped, and its
+difference ea + eb + 126 <= 255. The finish is exact up to its one
+rounding (:func:`_finish_fast` and :func:`_finish_lanes` state why). The FP8 rule's halves
+merge by arithmetic shifts, the exact floors (:func:`_merge_halves`). The accumulator is
+float32, as the outputs: each group's D is the next group's C.
+
+Each output element sees the same operations in the same order whatever the tiling and the
+thread count. The kernels emit portable LLVM IR (vectors of 16 float32/int32 or 8 float64/int64
+lanes, generic intrinsics); LLVM picks the instructions for the host.
+"""
+from __future__ import annotations
+
+import llvmlite.ir as ir
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+from mpt.kernels import gemm as _gemm
+
+__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed"]
+
+_KC = 128                     # k per tile call: B's panels of one call stay in L1
+_WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
+ROWS = 4                      # tile rows: 4 x 32 outputs keep E, the scale and S (24 vectors)
+                              # in the 32 AVX-512 registers; measured faster than 2, 3, 6 or 8
+# 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
+# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
+_SCALE_BITS = np.uint32(278 << 23)
+_ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
+_TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
+_ZERO_EXP = -126              # a zero's nominal exponent, and the anchor codes' floor
+
+
+def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether decoded operands (float32) may take :func:`fused_chain_packed`: all finite, and
+    every non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
+    (hi_a, lo_a), (hi_b, lo_b) = (_magnitudes(np.ascontiguousarray(x).reshape(-1)
+                                              .view(np.uint32)) for x in (a, b))
+    if max(hi_a, hi_b) >= 0x7F800000:                  # an Inf or a NaN
+        return False
+    if hi_a == 0 or hi_b == 0:                         # every product is zero
+        return True
+    lo_a, lo_b, hi_a, hi_b = (np.float64(np.uint32(x).view(np.float32))
+                              for x in (lo_a, lo_b, hi_a, hi_b))
+    return lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60
+
+
+@njit(cache=True)
+def _magnitudes(bits):
+    """(largest, smallest non-zero) magnitude pattern of float32 patterns (sign dropped; the
+    patterns of magnitudes order as their values); the smallest is 0 when all are ±0. Integer
+    min/max only, so the loop vectorizes."""
+    hi, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    for i in range(bits.size):
+        m = bits[i] & np.uint32(0x7FFFFFFF)
+        hi = max(hi, m)
+        low = min(low, np.uint32(m - np.uint32(1)))   # ±0 wraps to the largest
+    return hi, np.uint32(low + np.uint32(1))
+
+
+@njit(cache=True)
+def exponents(bits, emin, out):
+    """out = the nominal exponent of each float32 pattern of bits ((n,) uint32 -> (n,) int32):
+    max(floor(log2|x|), emin) for x != 0 (emin >= -126: a float32 subnormal gets emin), and
+    -126 for a zero (``mpt.kernels.mfma._nominal``)."""
+    for i in range(bits.size):
+        field = np.int32((bits[i] >> np.uint32(23)) & np.uint32(0xFF))
+        zero = (bits[i] & np.uint32(0x7FFFFFFF)) == 0
+        out[i] = _ZERO_EXP if zero else max(field - np.int32(127), emin)
+
+
+def pack_codes(ea: np.ndarray, eb: np.ndarray):
+    """The anchor codes of A and B from their nominal exponents :func:`exponents`: A's
+    (Ba, Mt, K, ROWS) uint32 (each code in all four bytes), B's (Bb, Nt, K, 64) uint8 (the
+    interleaved panel :func:`_emit_anchor` reads); ea (Ba, M, K), eb (Bb, N, K), any strides.
+    The codes hold every anchor when max ea + max eb <= 129 (module docstring), which
+    :func:`packed_ok` operands meet: a largest nominal exponent that comes from a normal value
+    is at most log2 of it, so two such sum to at most log2 of the largest product, 60; one that
+    comes from a subnormal or a zero (emin, −126) sums with the other operand's to at most
+    emin + the largest exponent of its format, <= 1 for every format here. ValueError
+    otherwise."""
+    top_a, top_b = int(ea.max()), int(eb.max())
+    if top_a + top_b > 255 + _ZERO_EXP:
+        raise ValueError(f"anchor codes need max ea + max eb <= {255 + _ZERO_EXP}; got "
+                         f"{top_a} + {top_b} (operands outside packed_ok's range)")
+    shift = 255 - top_a
+    nb, m, k = ea.shape
+    ca = np.zeros((nb, -(-m // ROWS), k, ROWS), np.uint32)
+    cb = np.full((eb.shape[0], -(-eb.shape[1] // _gemm.COLS), k, 2 * _gemm.COLS), 255, np.uint8)
+    _codes_a(ea, shift, _gemm.along_k(ea), ca)
+    _codes_b(eb, shift + _ZERO_EXP, _gemm.along_k(eb), cb)
+    return ca, cb
+
+
+@njit(cache=True)
+def _codes_a(ea, shift, along_k, out):
+    """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255); ea read
+    in memory order (``along_k``: K is its faster axis)."""
+    nr, nk = ea.shape[1], ea.shape[2]
+    for z in range(ea.shape[0]):
+        for i in range(nr if along_k else nk):
+            for j in range(nk if along_k else nr):
+                r, k = (i, j) if along_k else (j, i)
+                u = min(max(ea[z, r, k] + shift, 0), 255)
+                out[z, r // ROWS, k, r % ROWS] = np.uint32(u * 0x01010101)
+
+
+@njit(cache=True)
+def _codes_b(eb, shift, along_k, out):
+    """out[z, t, k, L] = v = clip(shift − eb[z, t·COLS + j, k], 0, 255) for both bytes L of
+    column j: L = 8·(j // 4) + j % 4 and L + 4 (255 past N: the difference is then 0); eb
+    read in memory order."""
+    cols, nc, nk = _gemm.COLS, eb.shape[1], eb.shape[2]
+    for z in range(eb.shape[0]):
+        for i in range(nc if along_k else nk):
+            for j in range(nk if along_k else nc):
+                c, k = (i, j) if along_k else (j, i)
+                lane = 8 * (c % cols // 4) + c % 4
+                v = np.uint8(min(max(shift - eb[z, c, k], 0), 255))
+                out[z, c // cols, k, lane] = v
+                out[z, c // cols, k, lane + 4] = v
+
+
+_F32, _I32 = ir.FloatType(), ir.IntType(32)
+_F64, _I64 = ir.DoubleType(), ir.IntType(64)
+_VF64, _VI64 = ir.VectorType(_F64, _WIDE), ir.VectorType(_I64, _WIDE)
+_VF32, _VI32 = ir.VectorType(_F32, 2 * _WIDE), ir.VectorType(_I32, 2 * _WIDE)
+_VF32x8 = ir.VectorType(_F32, _WIDE)
+
+
+def _splat(value, vtype):
+    return ir.Constant(vtype, [value] * vtype.count)
+
+
+def _pow2_bits(e):
+    """The float64 pattern of 2^e (an int, for constants of :func:`_finish_lanes`)."""
+    return (e + 1023) << 52
+
+
+def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
+    """``mpt.kernels.mfma._finish`` on 8 lanes: c (8 float32 at c_ptr, in: C, out: D), e (<8 x
+    double> E, at least 2^-126), s (<8 x double> S). An Inf or NaN C stays (the products are
+    finite here).
+
+    Exact up to the last rounding: powers of two are made on their float64 patterns: M = the
+    unsigned max of the patterns of E and of 2^e(c) (c's exponent field, raised to 2^-126's),
+    2^(E−M+7) = E − M + 2^7, 2^(24−M) and 2^(M−31) by integer adds to the exponent field, all
+    normal for a finite c (2^-126 <= M <= 2^127). s31 = floor(S·2^(E−M+7)) and t24 =
+    floor(c·2^(24−M)) are exact products (an integer below 2^30 or c, times a power of two) and
+    exact floors; (s31 + 2^7·t24)·2^(M−31) is one fma and one product, exact (below 2^38 units of
+    2^(M−31)); the conversion to float32 is the one RNE rounding. An exact zero is +0: s31 is +0
+    (floor(+0)) or not zero, and s31 + 2^7·t24 is +0 when it is 0 (IEEE: x + (−x) = +0,
+    +0 + −0 = +0). FP8 (``drop_far_c``): t24 = 0 when 2^e(c)·2^25 < M."""
+    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v8f64", _VF64, 1)
+    vfma = _gemm.vector_intrinsic(builder, "llvm.fma.v8f64", _VF64, 3)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v8i64", _VI64, 2)
+    c32 = builder.load(c_ptr, align=4)
+    c = builder.fpext(c32, _VF64)
+    field = builder.and_(builder.bitcast(c, _VI64), _splat(0x7FF0000000000000, _VI64))
+    ec = builder.call(vumax, [field, _splat(_pow2_bits(-126), _VI64)])
+    e = builder.bitcast(e, _VI64)
+    m = builder.call(vumax, [e, ec])
+    scale_s = builder.bitcast(builder.add(builder.sub(e, m), _splat(_pow2_bits(7), _VI64)),
+                              _VF64)
+    scale_c = builder.bitcast(builder.sub(_splat(_pow2_bits(24) + _pow2_bits(0), _VI64), m),
+                              _VF64)
+    grid = builder.bitcast(builder.sub(m, _splat(_pow2_bits(31) - _pow2_bits(0), _VI64)),
+                           _VF64)
+    s31 = builder.call(vfloor, [builder.fmul(s, scale_s)])
+    t24 = builder.call(vfloor, [builder.fmul(c, scale_c)])
+    if drop_far_c:
+        far = builder.icmp_unsigned("<", builder.add(ec, _splat(25 << 52, _VI64)), m)
+        t24 = builder.select(far, _splat(0.0, _VF64), t24)
+    v = builder.fmul(builder.call(vfma, [t24, _splat(2.0**7, _VF64), s31]), grid)
+    finite = builder.icmp_unsigned("!=", field, _splat(0x7FF0000000000000, _VI64))
+    builder.store(builder.select(finite, builder.fptrunc(v, _VF32x8), c32), c_ptr, align=4)
+
+
+def _emit_anchor(builder, ca_addr, cb_addr, k0, nk):
+    """E of products k0 .. k0+nk-1 for the ROWS x COLS tile: 8 vectors of 16 float32 patterns
+    (as int32), row r, columns 16h .. 16h+15 in vector 2r + h. On uint8 codes, two rows per
+    register (lanes of 4 bytes alternate between the rows of a pair): per k, the pair's two A
+    codes broadcast as one 64-bit word, B's interleaved panel (:func:`pack_codes`), anchor =
+    max(anchor, u ⊖ v) (saturating); then each row's lanes are picked out, zero-extended:
+    E = 2^(code − 126), code 0 standing for every anchor <= 2^-126 (module docstring)."""
+    vi8 = ir.VectorType(ir.IntType(8), 64)
+    vi64 = ir.VectorType(_I64, 8)
+    usub = _gemm.vector_intrinsic(builder, "llvm.usub.sat.v64i8", vi8, 2)
+    umax = _gemm.vector_intrinsic(builder, "llvm.umax.v64i8", vi8, 2)
+    a_base = builder.inttoptr(ca_addr, _I64.as_pointer())
+    b_base = builder.inttoptr(cb_addr, vi8.as_pointer())
+
+    def step(k, anchor):
+        k = builder.add(k, k0)
+        b = builder.load(builder.gep(b_base, [k]), align=1)
+        out = []
+        for p in range(ROWS // 2):
+            word = builder.load(builder.gep(a_base, [builder.add(
+                builder.mul(k, _gemm.const(ROWS // 2)), _gemm.const(p))]), align=4)
+            a = builder.bitcast(builder.insert_element(ir.Constant(vi64, ir.Undefined), word,
+                                                       ir.Constant(_I32, 0)), vi64)
+            a = builder.bitcast(builder.shuffle_vector(a, ir.Constant(vi64, ir.Undefined),
+                                                       ir.Constant(ir.VectorType(_I32, 8),
+                                                                   [0] * 8)), vi8)
+            out.append(builder.call(umax, [anchor[p], builder.call(usub, [a, b])]))
+        return out
+    pairs = _k_steps(builder, nk, [ir.Constant(vi8, [0] * 64)] * (ROWS // 2), step)
+    zero = ir.Constant(vi8, [0] * 64)
+    out = []
+    for r in range(ROWS):
+        for h in range(2):
+            mask = []
+            for t in range(16):
+                j = 16 * h + t
+                mask += [8 * (j // 4) + j % 4 + 4 * (r % 2), 64, 64, 64]
+            code = builder.bitcast(builder.shuffle_vector(
+                pairs[r // 2], zero, ir.Constant(ir.VectorType(_I32, 64), mask)), _VI32)
+            out.append(builder.shl(builder.add(code, _splat(127 + _ZERO_EXP, _VI32)),
+                                   _splat(23, _VI32)))
+    return out
+
+
+def _emit_sum(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
+    """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
+    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0, as the unsigned max
+    of float32 patterns: the products are >= +0 and never NaN, and such patterns order as their
+    values — ``llvm.maxnum`` would add a NaN test per step), the scale 2^24/E on
+    float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
+    truncating toward zero)."""
+    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    anchor = _emit_anchor(builder, ca_addr, cb_addr, k0, nk)
+    scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
+        vumax, [x, _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32) for x in anchor]
+    anchor = [builder.bitcast(x, _VF32) for x in anchor]
+
+    def sum_step(k, total):
+        k = builder.add(k, k0)
+        b = _gemm.panel_vectors(builder, vb_addr, k)
+        a = _gemm.panel_splats(builder, va_addr, k, rows)
+        return [builder.add(total[i], builder.fptosi(
+            builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
+            for i in range(tiles)]
+    return anchor, _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+
+
+def _k_steps(builder, nk, state, body):
+    """``_gemm.k_loop``, unrolled when nk is an int (a group size known when compiling)."""
+    if isinstance(nk, int):
+        for k in range(nk):
+            state = body(_gemm.const(k), state)
+        return state
+    return _gemm.k_loop(builder, nk, state, body)
+
+
+def _merge_halves(builder, even, odd):
+    """The FP8 rule's step 2b on (E, S) of the even and the odd half: E = max(E0, E1) and
+    S = floor(S0·2^(E0-E)) + floor(S1·2^(E1-E)), as arithmetic right shifts (floor) of int32 by
+    the exponent difference, capped at 31 (|S_h| < 2^29, so a shift of 31 or more gives the
+    same floor, 0 or -1). A half whose E is the codes' floor 2^-126 holds only zero products
+    (a non-zero one has E > 2^-62): S_h = 0 and any shift leaves it 0."""
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    anchor, total = [], []
+    for e0, s0, e1, s1 in zip(*even, *odd):
+        e = builder.bitcast(builder.call(vumax, [builder.bitcast(e0, _VI32),
+                                                 builder.bitcast(e1, _VI32)]), _VF32)
+
+        def field(x):
+            return builder.lshr(builder.bitcast(x, _VI32), _splat(23, _VI32))
+
+        def shifted(e_h, s_h):
+            d = builder.call(vumin, [builder.sub(field(e), field(e_h)), _splat(31, _VI32)])
+            return builder.ashr(s_h, d)
+        anchor.append(e)
+        total.append(builder.add(shifted(e0, s0), shifted(e1, s1)))
+    return anchor, total
+
+
+def _finish_fast(builder, c_ptr, e, s):
+    """The fused rule's finish (``_finish``) on 16 lanes in float32, for E >= 2^-90 (the
+    caller's test): c (16 float32 at c_ptr, in: C, out: D), e (E's float32 pattern, as int32),
+    s (S, int32). An Inf or NaN C stays.
+
+    With M = max(E, e(c)) (e(c) >= 2^-126), D = RNE(X0 + A): X0 = floor(c·2^(24−M))·2^(M−24)
+    — c itself when M = e(c) (c lies on that grid), floor(c·2^(24−E))·2^(E−24) when M = E —
+    and A = floor(S·2^(E−M+7))·2^(M−31) = q·2^g with g = max(E−24, e(c)−31) and q = S shifted
+    right (floor) by max(e(c) − E − 7, 0), capped at 31 (|S| < 2^30). Exact steps: the powers
+    of two are float32 patterns (2^g >= 2^-114, 2^(24−E) <= 2^114: normal); c·2^(24−E) is
+    exact where it is at least 1 in magnitude, and where it is smaller only its sign matters
+    (floor 0 or −1: a negative c gives at most −1, even if the product underflows to −0);
+    q = qh·2^14 + ql with |qh| < 2^16, 0 <= ql < 2^14, so A1 = qh·2^(g+14) and A2 = ql·2^g are
+    exact floats with A1 + A2 = A. TwoSum gives X = fl(X0 + A1) and its exact error; every value
+    lies on the grid 2^g and |err| <= ulp(X)/2 with |X| < 2^(M+6), so err + A2 is below
+    2^(M−9), at most 24 bits: exact. D = fl(X + (err + A2)) rounds the exact X0 + A once (an
+    exact zero: +0, as IEEE adds give it)."""
+    vsmax = _gemm.vector_intrinsic(builder, "llvm.smax.v16i32", _VI32, 2)
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v16f32", _VF32, 1)
+    vminnum = _gemm.vector_intrinsic(builder, "llvm.minnum.v16f32", _VF32, 2)
+
+    def f32(x):
+        return builder.bitcast(x, _VF32)
+
+    c = builder.load(c_ptr, align=4)
+    field = builder.and_(builder.bitcast(c, _VI32), _splat(0x7F800000, _VI32))
+    ec = builder.call(vumax, [field, _splat(_TINY_BITS, _VI32)])
+    shift = builder.sub(builder.ashr(builder.sub(ec, e), _splat(23, _VI32)), _splat(7, _VI32))
+    shift = builder.call(vumin, [builder.call(vsmax, [shift, _splat(0, _VI32)]),
+                                 _splat(31, _VI32)])
+    q = builder.ashr(s, shift)
+    grid = builder.call(vsmax, [builder.sub(e, _splat(24 << 23, _VI32)),
+                                builder.sub(ec, _splat(31 << 23, _VI32))])
+    a1 = builder.fmul(builder.sitofp(builder.ashr(q, _splat(14, _VI32)), _VF32),
+                      f32(builder.add(grid, _splat(14 << 23, _VI32))))
+    a2 = builder.fmul(builder.sitofp(builder.and_(q, _splat(0x3FFF, _VI32)), _VF32), f32(grid))
+    floor_c = builder.call(vfloor, [builder.fmul(c, f32(builder.sub(
+        _splat(int(_SCALE_BITS), _VI32), e)))])
+    negative = builder.fcmp_ordered("<", c, _splat(0.0, _VF32))
+    floor_c = builder.select(negative, builder.call(vminnum, [floor_c, _splat(-1.0, _VF32)]),
+                             floor_c)
+    x0 = builder.select(builder.icmp_unsigned(">=", e, ec),
+                        builder.fmul(floor_c, f32(builder.sub(e, _splat(24 << 23, _VI32)))), c)
+    x = builder.fadd(x0, a1)                                   # TwoSum(x0, a1)
+    bv = builder.fsub(x, x0)
+    err = builder.fadd(builder.fsub(x0, builder.fsub(x, bv)), builder.fsub(a1, bv))
+    d = builder.fadd(x, builder.fadd(err, a2))
+    finite = builder.icmp_unsigned("!=", field, _splat(0x7F800000, _VI32))
+    builder.store(builder.select(finite, d, c), c_ptr, align=4)
+
+
+_FAST_E_BITS = (127 - 90) << 23   # E >= 2^-90: _finish_fast's range
+
+
+def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves):
+    """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
+    ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: (E, S) by
+    :func:`_emit_sum` (FP8, ``halves``: of the first and the second nk/2 products, the even-k
+    and odd-k ones after ``mpt.engines.amd.MFMAOperands`` reordered K, merged by
+    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
+    sums = (va_addr, ca_addr, vb_addr, cb_addr)
+    if halves:
+        half = nk // 2 if isinstance(nk, int) else builder.lshr(nk, _gemm.const(1))
+        second = builder.add(k0, _gemm.const(half) if isinstance(half, int) else half)
+        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, k0, half),
+                                      _emit_sum(builder, *sums, second, half))
+    else:
+        anchor, total = _emit_sum(builder, *sums, k0, nk)
+    base = builder.inttoptr(tile_addr, _F32.as_pointer())
+    if halves:
+        _finish_wide(builder, base, ldc, anchor, total, halves)
+        return
+    # every E of the tile >= 2^-90: the float32 finish, else the float64 one
+    low = builder.bitcast(anchor[0], _VI32)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    for x in anchor[1:]:
+        low = builder.call(vumin, [low, builder.bitcast(x, _VI32)])
+    lanes = builder.icmp_unsigned(">=", low, _splat(_FAST_E_BITS, _VI32))
+    fast = builder.icmp_unsigned("==", builder.bitcast(lanes, ir.IntType(16)),
+                                 ir.Constant(ir.IntType(16), 0xFFFF))
+    with builder.if_else(fast) as (then, otherwise):
+        with then:
+            for i, (x, total_i) in enumerate(zip(anchor, total)):
+                offset = builder.add(builder.mul(_gemm.const(i // 2), ldc),
+                                     _gemm.const(i % 2 * 2 * _WIDE))
+                _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
+                                                      _VF32.as_pointer()),
+                             builder.bitcast(x, _VI32), total_i)
+        with otherwise:
+            _finish_wide(builder, base, ldc, anchor, total, halves)
+
+
+def _finish_wide(builder, base, ldc, anchor, total, halves):
+    """:func:`_finish_lanes` on each half of each (E, S) vector of the tile at base (E >= 2^-126:
+    the anchor codes' floor)."""
+    for i, (e, total_i) in enumerate(zip(anchor, total)):
+        row = builder.mul(_gemm.const(i // 2), ldc)
+        for part in range(2):
+            lanes = ir.Constant(ir.VectorType(_I32, _WIDE),
+                                list(range(part * _WIDE, (part + 1) * _WIDE)))
+            col = _gemm.const((i % 2 * 2 + part) * _WIDE)
+            c_ptr = builder.bitcast(builder.gep(base, [builder.add(row, col)]),
+                                    _VF32x8.as_pointer())
+            _finish_lanes(builder, c_ptr, builder.fpext(builder.shuffle_vector(e, e, lanes),
+                                                        _VF64),
+                          builder.sitofp(builder.shuffle_vector(total_i, total_i, lanes),
+                                         _VF64), halves)
+
+
+def _tile_kernel(group, halves):
+    """A tile kernel ``(tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups)``
+    (intp arguments): ngroups groups of nk products (of ``group``, an int, when not 0: nk is
+    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
+    def emit(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups):
+        size = _gemm.const(group) if group else nk
+
+        def one_group(g, state):
+            _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
+                        builder.mul(g, size), group or nk, halves)
+            return state
+        _gemm.k_loop(builder, ngroups, [], one_group)
+
+    @intrinsic
+    def tile(typingctx, tile_addr, ldc, va, pa, vb, pb, nk, ngroups):
+        def codegen(context, builder, signature, args):
+            emit(builder, *args)
+            return context.get_dummy_value()
+        return types.void(*([types.intp] * 8)), codegen
+    return tile
+
+
+#: The tile kernels (:func:`_tile_kernel`): groups of 8 (CDNA3's f16/bf16), of any size, and
+#: of the FP8 rule.
+_groups_of_8 = _tile_kernel(8, False)
+_groups = _tile_kernel(0, False)
+_groups_fp8 = _tile_kernel(0, True)
+
+
+@njit(cache=True, parallel=True)
+def fused_chain_packed(vap, cap, vbp, cbp, acc, ia, ib, k0, k1, group, halves):
+    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands (module
+    docstring), in groups of ``group`` (``halves``: the FP8 rule, on operands whose K was
+    reordered within each group: even k first, then odd k).
+
+    vap: (Ba, Mt, K, ROWS) float32 values of A packed by ``gemm.pack_rows``, cap its anchor
+    codes (:func:`pack_codes`); vbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``, cbp: (Bb,
+    Nt, K, 2·COLS) its codes; acc: (B,
+    Mt·ROWS, Nt·COLS) float32, C-contiguous, in: C, out: D. Tasks are (batch, column panel,
+    ``gemm.ROW_TILES`` row tiles); each calls a tile kernel per row tile and k-slice of _KC.
+    """
+    nb, ldc = acc.shape[0], acc.shape[2]
+    mt, nt = vap.shape[1], vbp.shape[1]
+    groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
+    step = max(_KC // group, 1) * group
+    for t in prange(nb * nt * groups):
+        z = t // (nt * groups)
+        jt = t // groups % nt
+        g = t % groups
+        va_z, ca_z, vb_p, cb_p = vap[ia[z]], cap[ia[z]], vbp[ib[z], jt], cbp[ib[z], jt]
+        for kc in range(k0, k1, step):
+            ngroups = min(step, k1 - kc) // group
+            for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
+                args = (acc[z, it * ROWS:, jt * _gemm.COLS:].ctypes.data, ldc,
+                        va_z[it, kc:].ctypes.data, ca_z[it, kc:].ctypes.data,
+                        vb_p[kc:].ctypes.data, cb_p[kc:].ctypes.data, group, ngroups)
+                if halves:
+                    _groups_fp8(*args)
+                elif group == 8:
+                    _groups_of_8(*args)
+                else:
+                    _groups(*args)
