@@ -335,9 +335,10 @@ def block_chain_packed(vap, eap, vbp, ebp, acc, ia, ib, k0, k1, prm, variant):
 
     vap, eap: (Ba, Mt, K, BLOCK_ROWS) float32 values / uint32 anchor codes of A from
     ``mpt.kernels.block_pack.pack_block_rows``; vbp, ebp: (Bb, Nt, K, BLOCK_COLS) float32 /
-    uint8 of B from ``pack_block_cols``; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32, C-contiguous, in:
-    c, out: D; prm, variant: from :func:`tile_params`. Returns whether a tile raised the flag
-    (the call's bits are then void). Tasks are (batch, column panel, 8 row tiles).
+    uint8 of B from ``pack_block_cols``; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32,
+    C-contiguous, in: c, out: D; prm, variant: from :func:`tile_params`. Returns whether a tile
+    raised the flag (the call's bits are then void). Tasks are (batch, column panel, 8 row
+    tiles).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = vap.shape[1], vbp.shape[1]
@@ -378,7 +379,8 @@ def tile_params(block, fraction_bits, e_zero, precision, emin, rne16, lowest, hi
     The configuration: block L, F, e_zero, the output rounding (RZ to ``precision`` bits, or
     RNE-FP16 with ``rne16``) and the output's ``emin``; the operands: the lowest and highest
     nominal exponent ea + eb of a non-zero product and the highest non-zero exponent of A and
-    of B (``mpt.kernels.block_pack.product_range``). The floor of E is max(e_zero, F − 125) (RZ) or e_zero (FP16).
+    of B (``mpt.kernels.block_pack.product_range``). The floor of E is max(e_zero, F − 125)
+    (RZ) or e_zero (FP16).
     A non-zero c can fall below 2^(F−125) only by cancellation, to |D| >= q >= 2^(lowest − F),
     so the tiny check is needed only when lowest < 2F − 125 (the caller checks the first c);
     the overflow check only when L·2^(F+2) + 2^(F+1) > 2^31. A block whose terms may overflow
@@ -437,9 +439,10 @@ def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
 def block_chain_lanes(vap, eap, vbp, ebp, acc, k0, k1, prm, variant):
     """The block model's chain over k in [k0, k1) for independent dot products, one per lane:
     output d (lane d % BLOCK_COLS of panel d // BLOCK_COLS) is acc[d] chained with row d of A
-    and column d of B, packed by ``mpt.kernels.block_pack.pack_lanes`` into (P, K, BLOCK_COLS) panels (values
-    float32, anchor codes uint8). acc: (P·BLOCK_COLS,) float32, in: c, out: D. Returns whether a
-    panel raised the flag (the call's bits are then void). One task per panel."""
+    and column d of B, packed by ``mpt.kernels.block_pack.pack_lanes`` into (P, K, BLOCK_COLS)
+    panels (values float32, anchor codes uint8). acc: (P·BLOCK_COLS,) float32, in: c, out: D.
+    Returns whether a panel raised the flag (the call's bits are then void). One task per
+    panel."""
     npanel = vap.shape[0]
     flags = np.zeros(npanel, np.int32)
     for p in prange(npanel):

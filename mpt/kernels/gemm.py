@@ -185,8 +185,9 @@ _fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
 #: in place, A[r, k] at a_addr + 4·(r·sar + k·sak) (used by mpt.kernels.attention).
 fma_tile_strided = _fma_strided
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
-#: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed (nk, ROWS)
-#: A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile GEMMs).
+#: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed
+#: (nk, ROWS) A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile
+#: GEMMs).
 fma_tile = _tile_intrinsic(_emit_fma, 5)
 
 
