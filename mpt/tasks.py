@@ -138,20 +138,32 @@ def map_tasks(fn: Callable, items: Sequence, *, workers: int | None = None, sche
                 bar.update()
             return results
         with dask_client(workers, scheduler) as client:
-            return _run_on(client, functools.partial(_on_one_thread, fn), items, bar)
+            return _run_on(client, functools.partial(_on_one_thread, fn),
+                           [_Opaque(item) for item in items], bar)
     finally:
         bar.close()
 
 
-def _on_one_thread(fn, item):
-    """``fn(item)`` with Numba's kernels on the calling thread alone (the bits never depend on
-    the thread count: this changes the time only)."""
+class _Opaque:
+    """An item as Dask must carry it: unopened. Dask reads a tuple whose first element is
+    callable as a task to run (dask 2024.x runs ``(f, x)`` and passes ``f(x)`` on) and looks
+    inside lists and dicts; an instance of this class it passes through as it is."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _on_one_thread(fn, item: _Opaque):
+    """``fn(item.value)`` with Numba's kernels on the calling thread alone (the bits never
+    depend on the thread count: this changes the time only)."""
     import numba
 
     saved = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
-        return fn(item)
+        return fn(item.value)
     finally:
         numba.set_num_threads(saved)
 

@@ -87,6 +87,19 @@ def test_dask_results_come_back_in_item_order(dask_client):
         map_tasks(abs, [1], scheduler=3)
 
 
+def kind_and_size(item):
+    return type(item).__name__, len(item)
+
+
+def test_dask_passes_every_item_unopened(dask_client):
+    """Items that Dask could read as task specs (a tuple that starts with a function, lists and
+    dicts holding functions) reach the function as they are, as in the serial run."""
+    items = [(len, "abc"), [abs, -1, 2], {"f": len}, (sum, [1, 2])]
+    expected = [("tuple", 2), ("list", 3), ("dict", 1), ("tuple", 2)]
+    assert map_tasks(kind_and_size, items) == expected
+    assert map_tasks(kind_and_size, items, scheduler=dask_client) == expected
+
+
 def test_dask_client_needs_somewhere_to_run():
     with pytest.raises(ValueError, match="needs workers"):
         with dask_client():
