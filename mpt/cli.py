@@ -231,12 +231,7 @@ def _add_golden(sub) -> None:
     g.add_argument("--force", action="store_true",
                    help="replace the golden suite already in --out (only its own files)")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
-    where = g.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, metavar="N",
-                       help="compute the cases on a local Dask cluster of N processes "
-                            "(pip install 'mpt[dask]'); the same bits as serially")
-    where.add_argument("--scheduler", metavar="ADDRESS",
-                       help="compute the cases on an existing Dask cluster (tcp://host:8786)")
+    _add_dask_options(g, "compute the cases", "the same bits as serially")
     r = actions.add_parser("run", help="recompute a golden suite's outputs with mpt")
     v = actions.add_parser("verify", help="compare a backend's outputs with a golden suite")
     t = actions.add_parser("run-torch", help="run a golden suite's inputs through PyTorch")
@@ -253,6 +248,16 @@ def _add_golden(sub) -> None:
 
 
 _GRID_ONLY = ("seeds", "sizes", "lrs", "baseline", "workers", "scheduler")
+
+
+def _add_dask_options(parser, what: str, note: str) -> None:
+    """--workers N (a local Dask cluster) or --scheduler ADDRESS (an existing one)."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help=f"{what} on a local Dask cluster of N processes "
+                            f"(pip install 'mpt[dask]'); {note}")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help=f"{what} on an existing Dask cluster (tcp://host:8786)")
 
 
 def _cmd_study(args) -> int:
@@ -343,12 +348,7 @@ def _add_study(sub) -> None:
                    help="peak learning rates; min_lr = lr/10 (default 3e-3)")
     g.add_argument("--baseline", metavar="RECIPE", help="the recipe the others are compared "
                                                         "with (default fp32, else the first)")
-    where = g.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, metavar="N",
-                       help="run the cells on a local Dask cluster of N processes "
-                            "(pip install 'mpt[dask]'); default: serially in this process")
-    where.add_argument("--scheduler", metavar="ADDRESS",
-                       help="run the cells on an existing Dask cluster (tcp://host:8786)")
+    _add_dask_options(g, "run the cells", "default: serially in this process")
     p.set_defaults(func=_cmd_study)
 
 

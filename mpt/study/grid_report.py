@@ -7,7 +7,7 @@ from pathlib import Path
 from mpt._io import atomic_write_bytes
 from mpt._tables import markdown_table, text_table
 from mpt.study.grid import GridResult
-from mpt.study.report import _multiplier
+from mpt.study.report import _multiplier, corpus_line
 from mpt.targets import get_target
 
 __all__ = ["grid_rows", "format_grid_table", "write_grid_report"]
@@ -37,10 +37,7 @@ def grid_rows(result: GridResult) -> list[tuple[str, ...]]:
 
 def _heading(result: GridResult) -> list[str]:
     g, c = result.config, result.config.study
-    h = result.corpus.get("entropy_rate")
-    best = (f"best achievable loss (entropy rate of the Markov chain): {h:.4f}; uniform guess: "
-            f"{result.corpus['uniform_loss']:.4f}") if h is not None else \
-        f"text corpus {result.corpus.get('path')}: best achievable loss unknown"
+    best = corpus_line(result.corpus)
     target = get_target(c.target)
     return [f"grid: {len(g.recipes)} recipes x {len(g.seeds)} seeds x {len(g.sizes)} sizes x "
             f"{len(g.lrs)} learning rates = {len(result.cells)} runs of a GPT (context "

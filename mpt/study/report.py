@@ -52,12 +52,18 @@ def _multiplier(x: float) -> str:
     return f"2^{e - 1}" if m == 0.5 else f"{x:g}"
 
 
+def corpus_line(corpus: dict) -> str:
+    """The report line on the corpus: its best achievable loss, or that it is unknown."""
+    h = corpus.get("entropy_rate")
+    if h is None:
+        return f"text corpus {corpus.get('path')}: best achievable loss unknown"
+    return (f"best achievable loss (entropy rate of the Markov chain): {h:.4f}; uniform guess: "
+            f"{corpus['uniform_loss']:.4f}")
+
+
 def _heading(result: StudyResult) -> list[str]:
     c = result.config
-    h = result.corpus.get("entropy_rate")
-    best = (f"best achievable loss (entropy rate of the Markov chain): {h:.4f}; uniform guess: "
-            f"{result.corpus['uniform_loss']:.4f}") if h is not None else \
-        f"text corpus {result.corpus.get('path')}: best achievable loss unknown"
+    best = corpus_line(result.corpus)
     target = get_target(c.target)
     return [f"GPT d_model={c.d_model} layers={c.n_layers} heads={c.n_heads} context={c.seq_len}, "
             f"batch {c.batch}, {c.steps} steps; loss x {_multiplier(c.loss_multiplier)} (the "
