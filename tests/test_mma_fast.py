@@ -17,8 +17,9 @@ import mpt
 from mpt.engines.nvidia import BlockOperands
 from mpt.formats import get_format
 from mpt.kernels import block_gemm as K
+from mpt.kernels import block_pack as BP
 from mpt.kernels import gemm as G
-from mpt.kernels.rounding import narrow_bf16, widen_bf16, widen_fp16
+from mpt.kernels.rounding import canonical_nan, narrow_bf16, widen_bf16, widen_fp16
 from mpt.reference.mma import mma_reference
 
 BF16 = ml_dtypes.bfloat16
@@ -303,6 +304,25 @@ def test_widening_every_16_bit_pattern():
         assert np.array_equal(out, h.astype(np.uint32) << 16)
 
 
+def test_canonical_nan_every_16_bit_pattern_and_float32_classes():
+    """Every NaN pattern becomes 0x7FFF / 0x7FFFFFFF; every other pattern (Inf included) keeps
+    its bits."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    got = h.copy()
+    canonical_nan(got)
+    nan = np.isnan(h.view(np.float16))
+    assert np.array_equal(got, np.where(nan, np.uint16(0x7FFF), h))
+    rng = np.random.default_rng(15)
+    x = np.concatenate([rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32),
+                        np.array([0x7F800000, 0xFF800000, 0x7F800001, 0xFF800001, 0x7FC00000,
+                                  0xFFFFFFFF, 0x7F7FFFFF, 0, 0x80000000], np.uint32)])
+    got = x.copy()
+    canonical_nan(got)
+    nan = np.isnan(x.view(np.float32))
+    assert np.array_equal(got, np.where(nan, np.uint32(0x7FFFFFFF), x))
+    assert nan.sum() > 100 and not np.array_equal(got, x)
+
+
 def test_narrow_bf16_equals_mpt_round():
     """RNE to bf16 from float32 patterns: every exponent and sign with random fractions, the
     ties, the largest finite values, Inf and NaNs; against mpt.round (and ml_dtypes)."""
@@ -319,6 +339,29 @@ def test_narrow_bf16_equals_mpt_round():
     assert np.array_equal(out, want)
     with np.errstate(all="ignore"):
         assert np.array_equal(out, x.view(np.float32).astype(BF16).view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype, fmt", [(np.float16, "fp16"), (BF16, "bf16")])
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_block_packers_widen_16_bit_storage_as_they_read(dtype, fmt, layout):
+    """Block panels and anchor codes packed from fp16/bf16 storage (every finite pattern, both
+    layouts, a ragged last panel) equal those packed from the exactly widened float32 values
+    (numpy's / ml_dtypes' casts)."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
+    h = h[np.isfinite(h.astype(np.float32))][:61 * 997].reshape(1, 61, 997)    # (B, R, K)
+    if layout == "columns":
+        h = np.ascontiguousarray(h.transpose(0, 2, 1)).transpose(0, 2, 1)
+    x32 = h.astype(np.float32)
+    emin = get_format(fmt).emin
+    for pack, shift in ((BP.pack_block_rows, 40), (BP.pack_block_cols, 60)):
+        x, y = (h, x32) if pack is BP.pack_block_rows else (h.transpose(0, 2, 1),
+                                                             x32.transpose(0, 2, 1))
+        got, want = pack(x, emin, shift), pack(y, emin, shift)
+        assert got[0].shape == want[0].shape and got[0].dtype == np.float32
+        assert np.array_equal(_bits(got[0]), _bits(want[0]))
+        assert np.array_equal(got[1], want[1])
+    assert BP.operand_ranges(h, h.transpose(0, 2, 1), emin, emin) == \
+        BP.operand_ranges(x32, x32.transpose(0, 2, 1), emin, emin)
 
 
 def test_packers_read_any_layout():

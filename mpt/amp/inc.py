@@ -243,7 +243,7 @@ def _inc_rule(stored, values, q, state, axis):
     """The scaling rule ``"inc"``: :func:`inc_quantize` with the quantization's ``params``."""
     if q.rounding != "nearest_even":
         raise ValueError(f"the INC scaling rule rounds to nearest even; got {q.rounding!r}")
-    data, s = inc_quantize(values, q.format, **dict(q.params))
+    data, s = inc_quantize(values(), q.format, **dict(q.params))
     return Operand(data, get_format(q.format), s)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from mpt._checks import check_int
 from mpt.engines.operands import (PackedOperands, emin_pow2, output_params, register_kind, tiles,
-                                  transposed)
+                                  transposed, values32)
 from mpt.formats import get_format
 from mpt.kernels import block_gemm as _block
 from mpt.kernels import block_pack as _pack
@@ -67,6 +67,13 @@ class BlockOperands(PackedOperands):
             check_int(f"e_zero of output {name}", e_zero, min=-300,
                       max=get_format(name).emin - 1)
 
+    def decode(self, x, fmt):
+        """fp16 and bf16 operands stay as stored: the tile packers widen them as they read them
+        (``mpt.kernels.block_pack``), and :meth:`prepare` decodes them for the other kernels."""
+        if (fmt, x.dtype.name) in (("fp16", "float16"), ("bf16", "bfloat16")):
+            return x
+        return super().decode(x, fmt)
+
     def prepare(self):
         cfg = self.cfg
         rounding, e_zero = cfg.output(self.out_format)
@@ -77,6 +84,8 @@ class BlockOperands(PackedOperands):
         if self._tiles_take(rounding) and \
                 self._pack(e_zero, precision, emin, rounding == "rne_fp16"):
             return
+        self.a, self.b = self.sources = tuple(values32(x, f)
+                                              for x, f in zip(self.sources, self.formats))
         if packable(self.a, self.b):
             (fa, fb), dtype = self.formats, np.float32
             self.chunks(_decode(self.a, fa, dtype), _decode(self.b, fb, dtype))
@@ -208,7 +217,8 @@ class BlockOperands(PackedOperands):
         decoded on first use)."""
         if self.terms is None:
             (a, b), (fa, fb) = self.sources, self.formats
-            self.terms = (*_decode(a, fa, np.float64), *_decode(b, fb, np.float64))
+            self.terms = (*_decode(values32(a, fa), fa, np.float64),
+                          *_decode(values32(b, fb), fb, np.float64))
         _mma.block_chain(*self.terms, acc, *self.index, k0, k1, *self.params)
 
 

@@ -37,6 +37,7 @@ from mpt.engines.operands import operands_class, tiles
 from mpt.formats import Format, get_format
 from mpt.kernels import mma as _mma
 from mpt.kernels.fma import fma_array
+from mpt.kernels.rounding import canonical_nan
 from mpt.rounding import round as round_format
 
 __all__ = ["mma", "gemm", "Scale"]
@@ -134,9 +135,10 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
 
 
 def _canonical_nan(x):
-    """Write the canonical NaN (sign 0, all other bits 1) over every NaN of a float32/16 array."""
-    bits = x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
-    bits[np.isnan(x)] = np.iinfo(bits.dtype).max >> 1
+    """The float32/16 array x with the canonical NaN (sign 0, all other bits 1) written over
+    every NaN (in place when x is C-contiguous, as the engines' fresh outputs are)."""
+    x = np.ascontiguousarray(x)
+    canonical_nan(x.reshape(-1).view(np.uint32 if x.dtype == np.float32 else np.uint16))
     return x
 
 

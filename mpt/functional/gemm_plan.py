@@ -175,8 +175,9 @@ _SCALINGS: dict = {}
 def register_scaling(name: str, quantize, stateful: bool = False,
                      per_axis: bool = False) -> None:
     """Register a scaling rule: ``quantize(stored, values, quantization, state, axis) ->
-    Operand`` where ``stored`` is the tensor's storage array, ``values`` its exact float32 values,
-    ``state`` the layer's state for the role (``stateful`` rules) and ``axis`` the reduction axis
+    Operand`` where ``stored`` is the tensor's storage array, ``values()`` returns its exact
+    float32 values (decoded on the first call only: a rule that hands the MMA the stored array
+    never pays for the decode), ``state`` the layer's state for the role (``stateful`` rules) and ``axis`` the reduction axis
     of the GEMM that uses it (``per_axis`` rules quantize a tensor once per axis it is used
     along; the others once)."""
     _SCALINGS[name] = (quantize, stateful, per_axis)
@@ -188,10 +189,10 @@ def _none(stored, values, q, state, axis):
     own = get_format(stored.dtype)
     fmt = own if q.format is None else get_format(q.format)
     if fmt.name == "tf32":
-        return Operand(values, fmt)
+        return Operand(values(), fmt)
     if fmt == own:
         return Operand(stored, fmt)
-    return Operand(round_format(values, fmt, q.rounding), fmt)
+    return Operand(round_format(values(), fmt, q.rounding), fmt)
 
 
 def _delayed(stored, values, q, state, axis):
@@ -199,7 +200,7 @@ def _delayed(stored, values, q, state, axis):
     if state is None or not callable(getattr(state, "quantize", None)):
         raise TypeError("delayed scaling needs the layer's per-role state (an object with "
                         "quantize(values)); got none")
-    result = state.quantize(values)
+    result = state.quantize(values())
     return Operand(result.data, result.format, result.scale_inv)
 
 
@@ -228,7 +229,7 @@ def _mma_scales(result, axis):
 
 def _block_scaled(stored, values, q, state, axis):
     """MX or NVFP4 along ``axis`` (module docstring)."""
-    x = values
+    x = values()
     if x.shape[axis] % q.block[1]:
         raise ValueError(f"a block-scaled GEMM needs its reduction length to be a multiple of "
                          f"the block: {x.shape[axis]} is not a multiple of {q.block[1]}")
@@ -284,7 +285,8 @@ def per_axis(q: Quantization) -> bool:
     return _SCALINGS[q.scaling][2]
 
 
-def quantize_operand(stored: np.ndarray, values: np.ndarray, q: Quantization, state=None,
+def quantize_operand(stored: np.ndarray, values, q: Quantization, state=None,
                      axis: int = 1) -> Operand:
-    """The operand of one tensor role along ``axis`` under quantization ``q``."""
+    """The operand of one tensor role along ``axis`` under quantization ``q``; ``values()``:
+    the exact float32 values of ``stored`` (:func:`register_scaling`)."""
     return _SCALINGS[q.scaling][0](stored, values, q, state, axis)

@@ -86,12 +86,18 @@ def _t(x: np.ndarray) -> np.ndarray:
 
 class _Quantizer:
     """The plan's quantization of one tensor role, computed once per axis (once in all for
-    per-tensor rules) and only when a GEMM needs it."""
+    per-tensor rules) and only when a GEMM needs it; the exact float32 values are decoded once,
+    and only when a rule or the bias gradient needs them."""
 
     def __init__(self, stored, quantization, state):
         self.stored, self.q, self.state = stored, quantization, state
-        self.values = opmath(stored)
+        self._values = None
         self.done = {}
+
+    def values(self) -> np.ndarray:
+        if self._values is None:
+            self._values = opmath(self.stored)
+        return self._values
 
     def along(self, axis: int) -> Operand:
         key = axis if per_axis(self.q) else None
@@ -115,8 +121,8 @@ class Linear(Function):
         acc = _run(qx.along(1), qw.along(1).T, plan.fprop.model or ctx.model,
                    plan.fprop.gemm_kwargs())                              # (M, out)
         if b is not None:
-            with np.errstate(over="ignore", invalid="ignore"):
-                acc = acc + opmath(b)                                     # epilogue, FP32
+            with np.errstate(over="ignore", invalid="ignore"):             # epilogue, FP32
+                np.add(acc, opmath(b), out=acc)           # acc: the GEMM's own fresh array
         ctx.out_format, ctx.x_shape, ctx.plan, ctx.states = fmt, x.shape, plan, states
         if plan.input.scaling == "none" and plan.weight.scaling == "none":
             ctx.save_for_backward(x, w)                  # the stored tensors (version-checked)
@@ -143,7 +149,7 @@ class Linear(Function):
                   plan.dgrad.gemm_kwargs()).reshape(ctx.x_shape) if need_x else None  # (M, in)
         dw = _run(qg.along(0).T, ox, plan.wgrad.model or ctx.model,
                   plan.wgrad.gemm_kwargs()) if need_w else None           # (out, in)
-        db = sum_axes(qg.values, (0,)) if need_b else None               # (out,)
+        db = sum_axes(qg.values(), (0,)) if need_b else None               # (out,)
         return (dx, dw, db) + (None,) * (len(ctx.needs_input_grad) - 3)
 
 

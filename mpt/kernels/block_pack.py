@@ -9,8 +9,11 @@ are finite and the range of the nominal exponents ea + eb of their non-zero prod
 (:func:`operand_ranges`, :func:`product_range`) — and packs the operands with their codes:
 8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
 one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
-(:func:`tile_pack_fields`, :func:`tile_codes`). Exact: values are copied bit for bit; exponents
-are integer fields. Unsigned, select-free arithmetic throughout, so that the loops vectorize.
+(:func:`tile_pack_fields`, :func:`tile_codes`). The GEMM packers read the operands as stored —
+float32, or fp16/bf16 widened to float32 as they are read (:func:`source`) —, in any layout:
+no decoded or contiguous copy comes first. Exact: values are copied bit for bit (fp16 and bf16
+widen exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
+that the loops vectorize.
 """
 from __future__ import annotations
 
@@ -18,14 +21,41 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
-from mpt.kernels.gemm import along_k, pack_panels
+from mpt.kernels.gemm import along_k
 from mpt.kernels.mma import f32_bits, f32_from_bits
+from mpt.kernels.rounding import fp16_as_f32_bits
 
-__all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
+__all__ = ["F32", "BF16", "FP16", "source", "operand_ranges", "product_range", "finite_range", "finite_range_2d",
            "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack_fields", "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
+F32, BF16, FP16 = 0, 1, 2   # how the packers read an operand's patterns (:func:`source`)
+_SLICE_WORDS = 4096          # words of a panel packed at a time from rows contiguous along k
+                             # (16 KiB: a third of L1)
+
+
+def source(x: np.ndarray):
+    """(bit patterns, kind) of an operand as the packers read it: float32 as uint32 (kind
+    F32), bfloat16 / float16 storage as uint16 (BF16 / FP16), widened as read; a view of x."""
+    if x.dtype == np.float32:
+        return x.view(np.uint32), F32
+    if x.dtype == np.float16:
+        return x.view(np.uint16), FP16
+    if x.dtype.name == "bfloat16":
+        return x.view(np.uint16), BF16
+    raise TypeError(f"the block packers read float32, float16 or bfloat16 operands; got "
+                    f"{x.dtype}")
+
+
+@njit(inline="always")
+def _pattern(x, kind):
+    """The float32 pattern (uint32) of a source pattern of ``kind`` (:func:`source`): exact."""
+    if kind == BF16:
+        return np.uint32(x) << np.uint32(16)
+    if kind == FP16:
+        return fp16_as_f32_bits(x)
+    return np.uint32(x)
 
 
 @njit(inline="always")
@@ -47,22 +77,23 @@ def _widen(low, high, x, field_min):
 
 
 @njit(cache=True, parallel=True)
-def _ranges_k(bits, field_min, lo, hi):
+def _ranges_k(bits, kind, field_min, lo, hi):
     """lo/hi[t, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] over the
     batches z ≡ t (mod T = lo.shape[0]) (_NONE_LO / 0 if none; 255: Inf or NaN). bits: (B, R,
-    K) uint32, contiguous along K. (Direct indexing, no row views: the loops vectorize.)"""
+    K) patterns of ``kind``, contiguous along K. (Direct indexing, no row views: the loops
+    vectorize.)"""
     nb, nr, k = bits.shape
     tasks = lo.shape[0]
     for t in prange(tasks):
         for z in range(t, nb, tasks):
             for i in range(nr):
                 for kk in range(k):
-                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk], bits[z, i, kk],
-                                                  field_min)
+                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk],
+                                                  _pattern(bits[z, i, kk], kind), field_min)
 
 
 @njit(cache=True, parallel=True)
-def _ranges_r(bits, field_min, lo, hi):
+def _ranges_r(bits, kind, field_min, lo, hi):
     """As :func:`_ranges_k` for bits contiguous along R."""
     nb, nr, k = bits.shape
     tasks = lo.shape[0]
@@ -71,7 +102,7 @@ def _ranges_r(bits, field_min, lo, hi):
             for kk in range(k):
                 low, high = lo[t, kk], hi[t, kk]
                 for i in range(nr):
-                    low, high = _widen(low, high, bits[z, i, kk], field_min)
+                    low, high = _widen(low, high, _pattern(bits[z, i, kk], kind), field_min)
                 lo[t, kk], hi[t, kk] = low, high
 
 
@@ -92,6 +123,37 @@ def _code_b(x, field_min, shift):
     return np.uint8(code) if nonzero else np.uint8(255)
 
 
+@njit(cache=True, parallel=True)
+def _pack_values(bits, kind, along, vout):
+    """vout[z, p, k, w] = the float32 pattern of bits[z, p·W + w, k] (0 past R): panels of width
+    W = vout.shape[3] along the axis R of bits (B, R, K), patterns of ``kind``, read in memory
+    order (``along``: K is the faster axis). Direct indexing, no row views: the loops
+    vectorize."""
+    nb, nr, k = bits.shape
+    npanel, width = vout.shape[1], vout.shape[3]
+    for t in prange(nb * npanel):
+        z, p = t // npanel, t % npanel
+        w_n = min(width, nr - p * width)
+        r0 = p * width
+        if along and width * k <= 4 * _SLICE_WORDS:
+            for w in range(w_n):
+                for kk in range(k):
+                    vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
+        elif along:   # a panel past L1 (64 KiB): in slices of k whose part of it stays there
+            step = _SLICE_WORDS // width
+            for k0 in range(0, k, step):
+                for w in range(w_n):
+                    for kk in range(k0, min(k, k0 + step)):
+                        vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
+        else:
+            for kk in range(k):
+                for w in range(w_n):
+                    vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
+        for kk in range(k):
+            for w in range(w_n, width):
+                vout[z, p, kk, w] = 0
+
+
 @njit(cache=True)
 def _codes_a(values, field_min, shift, eout):
     """eout = A's anchor code (:func:`_code_a`) of each packed value (uint32 patterns)."""
@@ -108,18 +170,26 @@ def _codes_b(values, field_min, shift, eout):
         codes[i] = _code_b(flat[i], field_min, shift)
 
 
+def _pack(x, width, codes_dtype):
+    """Panels of x (B, R, K) (any strides, :func:`source`'s dtypes) of ``width`` along R, as
+    float32, and an empty array for their codes."""
+    nb, nr, k = x.shape
+    values = np.empty((nb, -(-nr // width), k, width), np.float32)
+    _pack_values(*source(x), along_k(x), values.view(np.uint32))
+    return values, np.empty(values.shape, codes_dtype)
+
+
 def operand_ranges(a, b, emin_a, emin_b):
     """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
-    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 (any strides). The
-    product range is exact for one batch element: min over k of (lowest over column k of A +
-    lowest over row k of B), and so on."""
+    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32, float16 or bfloat16
+    (any strides). The product range is exact for one batch element: min over k of (lowest over
+    column k of A + lowest over row k of B), and so on."""
     out = []
     for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
         tasks = min(x.shape[0], 8)
         lo = np.full((tasks, x.shape[2]), _NONE_LO, np.uint32)
         hi = np.zeros((tasks, x.shape[2]), np.uint32)
-        (_ranges_k if along_k(x) else _ranges_r)(x.view(np.uint32), np.uint32(emin + 127),
-                                                  lo, hi)
+        (_ranges_k if along_k(x) else _ranges_r)(*source(x), np.uint32(emin + 127), lo, hi)
         out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
     (la, ha), (lb, hb) = out
     if max(ha.max(initial=0), hb.max(initial=0)) == 0xFF:
@@ -131,27 +201,19 @@ def operand_ranges(a, b, emin_a, emin_b):
 
 
 def pack_block_rows(a: np.ndarray, emin: int, shift: int):
-    """A (B, M, K) float32 (any strides) -> (values (B, Mt, K, BLOCK_ROWS) float32, anchor codes
-    (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each byte four times);
-    ``shift``: s_a of :func:`tile_params`."""
-    nb, m, k = a.shape
-    mt = -(-m // BLOCK_ROWS)
-    values = np.empty((nb, mt, k, BLOCK_ROWS), np.float32)
-    codes = np.empty((nb, mt, k, BLOCK_ROWS), np.uint32)
-    pack_panels(a, values)
+    """A (B, M, K) float32, float16 or bfloat16 (any strides) -> (values (B, Mt, K, BLOCK_ROWS)
+    float32, anchor codes (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each
+    byte four times); ``shift``: s_a of :func:`tile_params`."""
+    values, codes = _pack(a, BLOCK_ROWS, np.uint32)
     _codes_a(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127), codes)
     return values, codes
 
 
 def pack_block_cols(b: np.ndarray, emin: int, shift: int):
-    """B (B, K, N) float32 (any strides) -> (values (B, Nt, K, BLOCK_COLS) float32, anchor codes
-    (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros); ``shift``: s_b of
-    :func:`tile_params` (>= every eb)."""
-    nb, k, n = b.shape
-    nt = -(-n // BLOCK_COLS)
-    values = np.empty((nb, nt, k, BLOCK_COLS), np.float32)
-    codes = np.empty((nb, nt, k, BLOCK_COLS), np.uint8)
-    pack_panels(b.transpose(0, 2, 1), values)
+    """B (B, K, N) float32, float16 or bfloat16 (any strides) -> (values (B, Nt, K, BLOCK_COLS)
+    float32, anchor codes (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros);
+    ``shift``: s_b of :func:`tile_params` (>= every eb)."""
+    values, codes = _pack(b.transpose(0, 2, 1), BLOCK_COLS, np.uint8)
     _codes_b(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127), codes)
     return values, codes
 
@@ -211,9 +273,11 @@ def product_range(lo_a, hi_a, lo_b, hi_b):
 # ---- many small products: one dot product per lane --------------------------------------------
 
 @njit(cache=True, parallel=True)
-def _pack_lanes(a, b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va, ea, vb, eb):
+def _pack_lanes(a, kind_a, b, kind_b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va,
+                ea, vb, eb):
     """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
-    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros)."""
+    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros);
+    a, b: patterns of their kinds (:func:`source`)."""
     m, n, k = a.shape[1], b.shape[2], a.shape[2]
     total = ia.size * m * n
     for p in prange(va.shape[0]):
@@ -226,7 +290,8 @@ def _pack_lanes(a, b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va, ea
             za[w], zb[w], rows[w], cols[w] = ia[z], ib[z], d // n % m, d % n
         for w in range(w_n):
             for kk in range(k):
-                va[p, kk, w], vb[p, kk, w] = a[za[w], rows[w], kk], b[zb[w], kk, cols[w]]
+                va[p, kk, w] = _pattern(a[za[w], rows[w], kk], kind_a)
+                vb[p, kk, w] = _pattern(b[zb[w], kk, cols[w]], kind_b)
         for kk in range(k):
             for w in range(w_n, BLOCK_COLS):
                 va[p, kk, w], vb[p, kk, w] = 0, 0
@@ -237,14 +302,15 @@ def _pack_lanes(a, b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va, ea
 
 
 def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
-    """A (Ba, M, K) and B (Bb, K, N) float32 (any strides) of a broadcast batch (ia, ib) as
-    lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes B), each
-    (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS); ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    """A (Ba, M, K) and B (Bb, K, N) float32, float16 or bfloat16 (any strides) of a broadcast
+    batch (ia, ib) as lane panels for :func:`block_chain_lanes`: (values A, codes A, values B,
+    codes B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) (float32 values, uint8 codes);
+    ``shifts``: (s_a, s_b) of :func:`tile_params`."""
     k = a.shape[2]
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
     ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
-    _pack_lanes(a.view(np.uint32), b.view(np.uint32), ia, ib, np.uint32(emin_a + 127),
+    _pack_lanes(*source(a), *source(b), ia, ib, np.uint32(emin_a + 127),
                 np.uint32(emin_b + 127), np.int32(shifts[0] - 127), np.int32(shifts[1] + 127),
                 va.view(np.uint32), ea, vb.view(np.uint32), eb)
     return va, ea, vb, eb
