@@ -19,7 +19,7 @@ from mpt.formats import get_format
 from mpt.kernels import block_gemm as K
 from mpt.kernels import block_pack as BP
 from mpt.kernels import gemm as G
-from mpt.kernels.rounding import canonical_nan, narrow_bf16, widen_bf16, widen_fp16
+from mpt.kernels.rounding import canonical_nan, narrow_bf16, narrow_fp16, widen_bf16, widen_fp16
 from mpt.reference.mma import mma_reference
 
 BF16 = ml_dtypes.bfloat16
@@ -321,6 +321,36 @@ def test_canonical_nan_every_16_bit_pattern_and_float32_classes():
     nan = np.isnan(x.view(np.float32))
     assert np.array_equal(got, np.where(nan, np.uint32(0x7FFFFFFF), x))
     assert nan.sum() > 100 and not np.array_equal(got, x)
+
+
+def fp16_nan_of(x):
+    """The fp16 NaN a float32 NaN pattern converts to: its sign, the top 10 payload bits (at
+    least 1, to stay a NaN), as IEEE conversion without quieting gives it."""
+    top = np.maximum((x >> 13) & 0x3FF, 1)
+    return (((x >> 16) & 0x8000) | 0x7C00 | top).astype(np.uint16)
+
+
+def test_narrow_fp16_equals_mpt_round():
+    """RNE to fp16 from float32 patterns: random patterns, every fp16 value's float32 neighbours
+    and midpoints (ties, subnormal and overflow boundaries), a sweep of the subnormal range;
+    against mpt.round, NaNs against their payload rule."""
+    rng = np.random.default_rng(17)
+    x = rng.integers(0, 1 << 32, 1 << 21, dtype=np.uint64).astype(np.int64)
+    grid = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    grid = grid.astype(np.float32).view(np.uint32).astype(np.int64)
+    mid = grid + (1 << 12)       # the tie above a normal fp16 value (bit 12: half a unit)
+    near = [grid + d for d in (-1, 0, 1)] + [mid + d for d in (-1, 0, 1)]
+    tiny = np.arange(0x33000000 - 5, 0x38900000, 331)          # float32s around fp16 subnormals
+    x = np.concatenate([x, *near, tiny]) % (1 << 32)
+    x = x.astype(np.uint32)
+    out = np.empty(x.size, np.uint16)
+    narrow_fp16(x, out)
+    with np.errstate(all="ignore"):
+        want = np.asarray(mpt.round(x.view(np.float32), "fp16")).view(np.uint16)
+    nan = np.isnan(x.view(np.float32))
+    assert np.array_equal(out[~nan], want[~nan])
+    assert np.array_equal(out[nan], fp16_nan_of(x[nan]))
+    assert nan.sum() > 1000 and (out == 0x7C00).any() and (out == 0x0001).any()
 
 
 def test_narrow_bf16_equals_mpt_round():

@@ -39,7 +39,9 @@ from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
 from mpt.formats import Format, get_format
 from mpt.kernels.rounding import narrow_bf16 as _narrow_bf16
+from mpt.kernels.rounding import narrow_fp16 as _narrow_fp16
 from mpt.kernels.rounding import widen_bf16 as _widen_bf16
+from mpt.kernels.rounding import widen_fp16 as _widen_fp16
 from mpt.rounding import round as round_format
 
 __all__ = [
@@ -88,13 +90,13 @@ def opmath(x: np.ndarray) -> np.ndarray:
     dtype = x.dtype
     if dtype == np.float32 or dtype == np.float64:
         return x
-    if dtype == _BF16:  # the top half of a float32: a shift, no FP conversion (sNaN stays quiet)
+    if dtype == _BF16 or dtype == np.float16:   # exact, vectorized (no FP conversion of NaNs)
         out = np.empty(x.shape, np.float32)
-        _widen_bf16(np.ascontiguousarray(x).reshape(-1).view(np.uint16),
-                    out.reshape(-1).view(np.uint32))
+        (_widen_bf16 if dtype == _BF16 else _widen_fp16)(
+            np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
         return out
     with np.errstate(invalid="ignore"):  # signalling-NaN patterns: the conversion quiets them
-        return x.astype(np.float32)  # fp16, fp8, ...: widening is exact
+        return x.astype(np.float32)  # fp8, ...: widening is exact
 
 
 def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarray:
@@ -103,11 +105,12 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     conversion rules (:mod:`mpt.autograd.conversion`: a TPU's flush, Trainium's stochastic
     rounding) a round-to-nearest-even into a format they name follows them instead.
 
-    Round-to-nearest-even casts float32 → fp16 and float64 → fp32/fp16 take numpy's ``astype``,
-    which is a single correctly rounded RNE conversion for exactly these pairs (bit-identical to
-    ``mpt.round``, tested on random bit patterns) and much faster on the small arrays of one op;
-    float32 → bf16 takes ``mpt.kernels.rounding.narrow_bf16`` (the same bits, vectorized); every
-    other case calls ``mpt.round``.
+    Round-to-nearest-even casts float32 → bf16 and float32 → fp16 take the vectorized kernels
+    ``mpt.kernels.rounding.narrow_bf16`` / ``narrow_fp16``, float64 → fp32/fp16 numpy's
+    ``astype``, a single correctly rounded RNE conversion for exactly these pairs; all of them
+    give ``mpt.round``'s bits (tested on random bit patterns, and on every float32 with
+    ``-m exhaustive``) but for NaN payloads (a NaN stays a NaN of its sign; fp16 keeps the top
+    payload bits, as numpy's conversion does). Every other case calls ``mpt.round``.
     """
     if not isinstance(x, np.ndarray):
         x = np.asarray(x)  # numpy scalars from 0-d arithmetic
@@ -118,10 +121,11 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     rules = _conversion.current_rules()
     if rules is not None and mode == "nearest_even" and fmt.name in rules.formats:
         return _conversion.convert(x, fmt, rules)  # the target's rule (mpt.autograd.conversion)
-    if mode == "nearest_even" and x.dtype == np.float32 and fmt.name == "bf16":
+    if mode == "nearest_even" and x.dtype == np.float32 and fmt.name in ("bf16", "fp16") and \
+            not fmt.custom:
         out = np.empty(x.shape, fmt.dtype)
-        _narrow_bf16(np.ascontiguousarray(x).reshape(-1).view(np.uint32),
-                     out.reshape(-1).view(np.uint16))
+        (_narrow_bf16 if fmt.name == "bf16" else _narrow_fp16)(
+            np.ascontiguousarray(x).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
         return out
     if mode == "nearest_even" and (x.dtype, fmt.name) in _ASTYPE_RNE:
         with np.errstate(over="ignore", invalid="ignore"):
@@ -129,8 +133,7 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     return np.asarray(round_format(x, fmt, mode))  # mpt.round returns numpy scalars for 0-d input
 
 
-_ASTYPE_RNE = {(np.dtype(np.float32), "fp16"), (np.dtype(np.float64), "fp32"),
-               (np.dtype(np.float64), "fp16")}
+_ASTYPE_RNE = {(np.dtype(np.float64), "fp32"), (np.dtype(np.float64), "fp16")}
 
 
 # ---- operator registry (filled by mpt.function and mpt.functional) -------------------------------
