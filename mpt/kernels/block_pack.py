@@ -253,19 +253,27 @@ def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
 @njit(cache=True)
 def tile_pack(x, field_min, vout, lo, hi):
     """Panels of x (R, K) float32 (any strides) for a tile call: vout[p, k, w] = x[p·W + w, k]
-    (0 past R) for panels of width W = vout.shape[2] along its rows, and lo/hi[k] widened by the
-    nominal exponent fields of the non-zero values of column k (see :func:`_ranges_k`). The copy
-    runs in x's memory order (rows or columns), the ranges over the packed panels, so that the
-    loops vectorize. Returns the number of panels."""
+    (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and lo/hi[k]
+    widened by the
+nominal exponent fields of the non-zero values of column k (see :func:`_ranges_k`).
+    The copy follows x's memory order (runs along a column, or 8 x 8 blocks of rows), the ranges
+    run over the packed panels, so that the loops vectorize. Returns the number of panels."""
     nr, k = x.shape
     width = vout.shape[2]
     npanel = (nr + width - 1) // width
     vout[:npanel] = 0.0
-    if x.strides[1] <= x.strides[0]:            # rows contiguous: one row at a time
-        for r in range(nr):
-            p, w = r // width, r % width
-            for kk in range(k):
-                vout[p, kk, w] = x[r, kk]
+    if x.strides[1] <= x.strides[0]:            # rows contiguous: 8 x 8 blocks, transposed
+        for r0 in range(0, nr, 8):
+            p, w0 = r0 // width, r0 % width     # (a width is a multiple of 8)
+            for k0 in range(0, k, 8):
+                if r0 + 8 <= nr and k0 + 8 <= k:
+                    for i in range(8):
+                        for j in range(8):
+                            vout[p, k0 + j, w0 + i] = x[r0 + i, k0 + j]
+                else:
+                    for i in range(min(8, nr - r0)):
+                        for j in range(min(8, k - k0)):
+                            vout[p, k0 + j, w0 + i] = x[r0 + i, k0 + j]
     else:                                       # columns contiguous: runs of W along a column
         for p in range(npanel):
             w_n = min(width, nr - p * width)
@@ -298,10 +306,13 @@ def tile_codes(values, npanel, k, field_min, shift, eout):
 @njit(cache=True)
 def finite_range_2d(c, m, n):
     """:func:`finite_range` of c[:m, :n] for a C-contiguous 2-D float32 array c (from njit code;
-    row by row, so that the loops vectorize)."""
-    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+    row by row, so that the loops vectorize), and whether every bit of c[:m, :n] is 0."""
+    top, low, bits = np.uint32(0), np.uint32(0xFFFFFFFF), np.uint32(0)
     for r in range(m):
         row = c[r]
         for j in range(n):
-            top, low = _widen_magnitudes(top, low, f32_bits(row[j]))
-    return _as_range(top, low)
+            x = f32_bits(np.float32(row[j]))          # (a float64 c only in fp64 mode,
+                                                      # where this path never runs)
+            top, low = _widen_magnitudes(top, low, x)
+            bits |= x
+    return _as_range(top, low) + (bits == 0,)

@@ -192,21 +192,24 @@ def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
                                             top_a, top_b, prm)
     if variant < 0:
         return False
-    finite, largest, smallest = finite_range_2d(c, m, n)
+    finite, largest, smallest, zero = finite_range_2d(c, m, n)
     if not finite or largest + kk * 2.0 ** (highest + 2) >= 2.0 ** E_MAX or \
             smallest < 2.0 ** (F - 125):
         return False
     tile_codes(va, mt, kk, fmin, np.int32(shift_a - 127), ea)
     tile_codes(vb, nt, kk, fmin, np.int32(shift_b + 127), eb)
-    rows, cols = mt * _BR, nt * _BC
-    for r in range(rows):
-        saved[r, :cols] = c[r, :cols]
+    if not zero:                                # (a zero c is restored by zeroing it)
+        for r in range(m):
+            saved[r, :n] = c[r, :n]
     flag[0] = 0
     chain_tiles(c, va[:mt], ea[:mt], vb[:nt], eb[:nt], kk, prm, variant, scratch, flag)
     if flag[0] == 0:
         return True
-    for r in range(rows):
-        c[r, :cols] = saved[r, :cols]
+    for r in range(m):
+        if zero:
+            c[r, :n] = 0.0
+        else:
+            c[r, :n] = saved[r, :n]
     return False
 
 
