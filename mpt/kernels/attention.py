@@ -122,16 +122,25 @@ def _round_format(x, rnd):
     max), as a float64; beyond max: ±Inf. Exact, in float64 bit arithmetic (no libm call): with
     2^e <= |x| < 2^(e+1) (x is a normal float64) the grid step is 2^g, g = max(e, emin) − mant,
     and adding then subtracting 1.5·2^(52+g) rounds |x| to it, ties to even (|x| < 2^(51+g)).
-    Oracle: the ldexp/rint formulation, on random values of every format (tests)."""
+    Zeros, ±Inf and NaN (and every x when mant < 0) are returned as they are, by a final select:
+    no branch, so that loops over rows vectorize. Oracle: the ldexp/rint formulation, on random
+    values of every format (tests)."""
     mant, emin, largest = rnd
     v = np.float64(x)
-    if mant < 0 or v == 0 or not abs(v) < np.inf:
-        return v
     e = ((_as_bits(v) >> 52) & 0x7FF) - 1023
     g = max(e, emin) - mant
     magic = _from_bits(((52 + g + 1023) << 52) | (1 << 51))
     r = math.copysign((v + magic) - magic, v)             # a result of 0 keeps x's sign, as rint
-    return r if abs(r) <= largest else math.copysign(np.inf, r)
+    r = r if abs(r) <= largest else math.copysign(np.inf, r)
+    return v if mant < 0 or v == 0 or not abs(v) < np.inf else r
+
+
+@njit(inline="always")
+def _round_row(out, x, keep, n, bc, rnd):
+    """out[c] = keep[c] ? round_F(x[c]) : 0 for c < n, and 0 for n <= c < bc."""
+    for c in range(n):
+        out[c] = _round_format(x[c], rnd) if keep[c] else 0.0
+    out[n:bc] = 0.0
 
 
 @njit
@@ -164,9 +173,10 @@ def _visible(i, j0, bc, nq, nk, causal):
 # ---- forward -------------------------------------------------------------------------------------
 
 @njit
-def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd):
+def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf):
     """One query row's online-softmax step for one key block (module docstring): updates m[r],
-    l[r] and the rescaled acc[r, :dv]; writes keep ∘ round_F(P) into p[0, r, :bc]."""
+    l[r] and the rescaled acc[r, :dv]; writes keep ∘ round_F(P) into p[0, r, :bc] (the FP32 P
+    kept in buf, (>= bc,) of W, for the rounding pass)."""
     W = m.dtype.type
     mo = m[r]
     mx = mo
@@ -174,8 +184,8 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd):
         x = W(s[r, c]) if exp2 else W(W(s[r, c]) * tau)
         if x > mx or x != x:
             mx = x
-    p[0, r, :bc] = 0.0
     if mx == -np.inf:               # no visible key yet: O and l stay 0
+        p[0, r, :bc] = 0.0
         return
     if exp2:
         mxs = W(mx * tau2)
@@ -189,8 +199,8 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd):
         else:
             pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - mx))))
         lr = W(lr + pc)
-        if keep[c]:
-            p[0, r, c] = _round_format(pc, rnd)
+        buf[c] = pc
+    _round_row(p[0, r], buf, keep, ncols, bc, rnd)
     for c in range(dv):
         acc[r, c] = W(alpha * W(acc[r, c]))
     m[r] = mx
@@ -213,6 +223,7 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
     acc = acc_tile(bq, dv, q.dtype)               # (Br, dv) O accumulator
     p = np.zeros((1, bq, bk), q.dtype)         # keep ∘ round_F(P)
     keep = np.ones(bk, np.bool_)
+    buf = np.empty(bk, q.dtype)
     m = np.full(bq, -np.inf, q.dtype)
     l = np.zeros(bq, q.dtype)
     for jb in range(nkb):
@@ -225,7 +236,7 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
         for r in range(br):
             ncols = _visible(i0 + r, j0, bc, nq, nk, causal)
             _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
-            _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd)
+            _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf)
         tile_mm(acc, p, ZERO, ZERO, NO, v, zk, j0, NO, br, dv, bc, eng, sc)
     for r in range(br):
         lr = l[r]
@@ -266,13 +277,13 @@ def _rowdot(do, o):
 
 
 @njit
-def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2, rnd, drop):
+def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2, rnd, drop,
+                  buf, every):
     """One query row of one (query block, key block) pair: P recomputed from L into p[0, r] as
-    keep ∘ round_F(P), and round_F(dS) into ds[0, r] (module docstring)."""
+    keep ∘ round_F(P), and round_F(dS) into ds[0, r] (module docstring); buf: (2, >= bc) of W
+    for the FP32 P and dS of the rounding passes; every: (>= bc,) True."""
     W = p.dtype.type
     l2 = W(lse_r * W(LOG2E))
-    p[0, r, :bc] = 0.0
-    ds[0, r, :bc] = 0.0
     for c in range(ncols):
         if exp2:
             pc = W(np.exp2(np.float64(fma(W(s[r, c]), tau2, -l2))))
@@ -281,9 +292,10 @@ def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2,
         dpc = W(dp[r, c])
         if drop[0]:
             dpc = W(dpc * drop[6]) if keep[c] else W(0.0)
-        if keep[c]:
-            p[0, r, c] = _round_format(pc, rnd)
-        ds[0, r, c] = _round_format(W(W(pc * W(dpc - d_r)) * tau), rnd)
+        buf[0, c] = pc
+        buf[1, c] = W(W(pc * W(dpc - d_r)) * tau)
+    _round_row(p[0, r], buf[0], keep, ncols, bc, rnd)
+    _round_row(ds[0, r], buf[1], every, ncols, bc, rnd)
 
 
 @njit
@@ -303,7 +315,8 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
     dq_tile = acc_tile(bq, d, q.dtype)            # (Br, d)
     p = np.zeros((1, bq, bk), q.dtype)
     ds = np.zeros((1, bq, bk), q.dtype)
-    keep = np.ones(bk, np.bool_)
+    keep, every = np.ones(bk, np.bool_), np.ones(bk, np.bool_)
+    buf = np.empty((2, bk), q.dtype)
     for jb in range(nkb):
         j0 = jb * bk
         bc = min(bk, nk - j0)
@@ -325,7 +338,7 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
                     ncols = _visible(i, j0, bc, nq, nk, causal)
                     _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
                     _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse[z, i], dsum[z, i], tau,
-                                  tau2, exp2, rnd, drop)
+                                  tau2, exp2, rnd, drop, buf, every)
                 tile_mm(dv_acc, p, ZERO, ZERO, YES, do, z, i0, NO, bc, dv, br, eng, sc)
                 tile_mm(dk_acc, ds, ZERO, ZERO, YES, q, z, i0, NO, bc, d, br, eng, sc)
                 dq_tile[:br, :d] = dq[z, i0:i0 + br]

@@ -421,7 +421,7 @@ def tile_params(block, fraction_bits, e_zero, precision, emin, rne16, lowest, hi
 @njit(cache=True)
 def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
     """The chain over k < nk on packed tile operands (va/ea: (Mt, >= nk, BLOCK_ROWS) from
-    ``mpt.kernels.block_pack.tile_pack_fields`` and ``tile_codes``, vb/eb: (Nt, >= nk,
+    ``mpt.kernels.block_pack.tile_pack`` and ``tile_codes``, vb/eb: (Nt, >= nk,
     BLOCK_COLS)) onto c (>= (Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32, C-contiguous), one tile
     after the other; flag[0] != 0 after: void."""
     ldc = c.shape[1]

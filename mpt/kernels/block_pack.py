@@ -9,7 +9,7 @@ are finite and the range of the nominal exponents ea + eb of their non-zero prod
 (:func:`operand_ranges`, :func:`product_range`) — and packs the operands with their codes:
 8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
 one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
-(:func:`tile_pack_fields`, :func:`tile_codes`). The GEMM packers read the operands as stored —
+(:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
 float32, or fp16/bf16 widened to float32 as they are read (:func:`source`) —, in any layout:
 no decoded or contiguous copy comes first. Exact: values are copied bit for bit (fp16 and bf16
 widen exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
@@ -25,8 +25,9 @@ from mpt.kernels.gemm import along_k
 from mpt.kernels.mma import f32_bits, f32_from_bits
 from mpt.kernels.rounding import fp16_as_f32_bits
 
-__all__ = ["F32", "BF16", "FP16", "source", "operand_ranges", "product_range", "finite_range", "finite_range_2d",
-           "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack_fields", "tile_codes"]
+__all__ = ["F32", "BF16", "FP16", "source", "operand_ranges", "product_range", "finite_range",
+           "finite_range_2d", "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack",
+           "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
@@ -317,51 +318,68 @@ def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
 
 
 @njit(cache=True)
-def tile_pack_fields(x, field_min, vout, fields, lo, hi):
-    """One pass over x (R, K) float32 (any strides) for a tile call: panels of width W =
-    vout.shape[2] along its rows, vout[p, k, w] = x[p·W + w, k] (0 past R), the nominal
-    exponent field of each non-zero value in fields (uint8; 0 for zeros and padding), and
-    lo/hi[k] widened by them (see :func:`_ranges_k`). Returns the number of panels."""
+def tile_pack(x, field_min, vout, lo, hi):
+    """Panels of x (R, K) float32 (any strides) for a tile call: vout[p, k, w] = x[p·W + w, k]
+    (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and lo/hi[k]
+    widened by the
+nominal exponent fields of the non-zero values of column k (see :func:`_ranges_k`).
+    The copy follows x's memory order (runs along a column, or 8 x 8 blocks of rows), the ranges
+    run over the packed panels, so that the loops vectorize. Returns the number of panels."""
     nr, k = x.shape
     width = vout.shape[2]
     npanel = (nr + width - 1) // width
+    vout[:npanel] = 0.0
+    if x.strides[1] <= x.strides[0]:            # rows contiguous: 8 x 8 blocks, transposed
+        for r0 in range(0, nr, 8):
+            p, w0 = r0 // width, r0 % width     # (a width is a multiple of 8)
+            for k0 in range(0, k, 8):
+                if r0 + 8 <= nr and k0 + 8 <= k:
+                    for i in range(8):
+                        for j in range(8):
+                            vout[p, k0 + j, w0 + i] = x[r0 + i, k0 + j]
+                else:
+                    for i in range(min(8, nr - r0)):
+                        for j in range(min(8, k - k0)):
+                            vout[p, k0 + j, w0 + i] = x[r0 + i, k0 + j]
+    else:                                       # columns contiguous: runs of W along a column
+        for p in range(npanel):
+            w_n = min(width, nr - p * width)
+            for kk in range(k):
+                for w in range(w_n):
+                    vout[p, kk, w] = x[p * width + w, kk]
     for p in range(npanel):
-        w_n = min(width, nr - p * width)
         for kk in range(k):
             low, high = lo[kk], hi[kk]
             for w in range(width):
-                v = np.float32(x[p * width + w, kk]) if w < w_n else np.float32(0.0)
-                bits = f32_bits(v)
-                vout[p, kk, w] = v
-                f, nonzero = _field(bits, field_min)
-                fields[p, kk, w] = np.uint8(f) if nonzero else np.uint8(0)
-                low, high = _widen(low, high, bits, field_min)
+                low, high = _widen(low, high, f32_bits(vout[p, kk, w]), field_min)
             lo[kk], hi[kk] = low, high
     return npanel
 
 
 @njit(cache=True)
-def tile_codes(fields, npanel, k, shift, eout):
-    """Anchor codes from the fields of :func:`tile_pack_fields`: A's (uint32 eout, ``shift`` =
-    s_a − 127: max(field + shift, 0) four times, 0 for zeros) or B's (uint8 eout, ``shift`` =
-    s_b + 127: min(shift − field, 255), 255 for zeros)."""
+def tile_codes(values, npanel, k, field_min, shift, eout):
+    """Anchor codes of the panels of :func:`tile_pack`: A's (uint32 eout, ``shift`` = s_a − 127,
+    :func:`_code_a`) or B's (uint8 eout, ``shift`` = s_b + 127, :func:`_code_b`)."""
     for p in range(npanel):
         for kk in range(k):
-            for w in range(fields.shape[2]):
-                f = np.int32(fields[p, kk, w])
+            for w in range(values.shape[2]):
+                x = f32_bits(values[p, kk, w])
                 if eout.itemsize == 4:
-                    code = max(f + shift, np.int32(0))
-                    eout[p, kk, w] = np.uint32(code if f != 0 else 0) * np.uint32(0x01010101)
+                    eout[p, kk, w] = _code_a(x, field_min, shift)
                 else:
-                    code = min(shift - f, np.int32(255))
-                    eout[p, kk, w] = np.uint8(code if f != 0 else 255)
+                    eout[p, kk, w] = _code_b(x, field_min, shift)
 
 
 @njit(cache=True)
-def finite_range_2d(c):
-    """:func:`finite_range` of a 2-D float32 array of any strides (from njit code)."""
-    top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
-    for r in range(c.shape[0]):
-        for j in range(c.shape[1]):
-            top, low = _widen_magnitudes(top, low, f32_bits(np.float32(c[r, j])))
-    return _as_range(top, low)
+def finite_range_2d(c, m, n):
+    """:func:`finite_range` of c[:m, :n] for a C-contiguous 2-D float32 array c (from njit code;
+    row by row, so that the loops vectorize), and whether every bit of c[:m, :n] is 0."""
+    top, low, bits = np.uint32(0), np.uint32(0xFFFFFFFF), np.uint32(0)
+    for r in range(m):
+        row = c[r]
+        for j in range(n):
+            x = f32_bits(np.float32(row[j]))          # (a float64 c only in fp64 mode,
+                                                      # where this path never runs)
+            top, low = _widen_magnitudes(top, low, x)
+            bits |= x
+    return _as_range(top, low) + (bits == 0,)

@@ -21,7 +21,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels.block_gemm import BLOCK_COLS as _BC
 from mpt.kernels.block_gemm import BLOCK_ROWS as _BR
 from mpt.kernels.block_gemm import E_MAX, SCRATCH_WORDS, chain_tiles, tile_params
-from mpt.kernels.block_pack import finite_range_2d, product_range, tile_codes, tile_pack_fields
+from mpt.kernels.block_pack import finite_range_2d, product_range, tile_codes, tile_pack
 from mpt.kernels.gemm import COLS, ROWS, fma_tile, fma_tile_strided
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
@@ -68,14 +68,15 @@ def _at(x, z, r0, transposed, r, k):
 def tile_scratch(eng, m, kk, n):
     """Per-task buffers of the engine: packed A (ceil(m/ROWS), kk, ROWS) and B (ceil(n/COLS), kk,
     COLS) panels (FMA_TILE); decoded A values/nominals (m, kk), B (kk, n) and five (n,) float64
-    rows (BLOCK, general path); the register-blocked block path's packed panels, anchor codes,
-    parameters, tile scratch, flag, a copy of c, four (kk,) exponent ranges and the exponent
-    fields of A's and B's panels (BLOCK). Unused buffers are empty."""
+    rows (BLOCK, general path); the register-blocked block path's packed panels and anchor codes
+    (for m, n or, transposed, n, m), parameters, tile scratch, flag, a copy of c, four (kk,)
+    exponent ranges and a transposed accumulator (BLOCK). Unused buffers are empty."""
     fast, block = eng[0] == FMA_TILE, eng[0] == BLOCK
     ap = np.zeros(((m + ROWS - 1) // ROWS if fast else 0, kk, ROWS), np.float32)
     bp = np.zeros(((n + COLS - 1) // COLS if fast else 0, kk, COLS), np.float32)
     mb, kb, nb = (m, kk, n) if block else (0, 0, 0)
-    mt, nt = (m + _BR - 1) // _BR if block else 0, (n + _BC - 1) // _BC if block else 0
+    top = max(m, n) if block else 0
+    mt, nt = (top + _BR - 1) // _BR, (top + _BC - 1) // _BC
     return (ap, bp, np.empty((mb, kb)), np.empty((mb, kb)), np.empty((kb, nb)),
             np.empty((kb, nb)), np.empty(nb), np.empty(nb), np.empty(nb), np.empty(nb),
             np.empty(nb),
@@ -84,8 +85,7 @@ def tile_scratch(eng, m, kk, n):
             np.empty(8, np.int32), np.empty(SCRATCH_WORDS if block else 0, np.int32),
             np.zeros(1, np.int32), np.empty((mt * _BR, nt * _BC), np.float32),
             np.empty(kb, np.uint32), np.empty(kb, np.uint32), np.empty(kb, np.uint32),
-            np.empty(kb, np.uint32), np.empty((mt, kb, _BR), np.uint8),
-            np.empty((nt, kb, _BC), np.uint8))
+            np.empty(kb, np.uint32), np.empty((mt * _BR, nt * _BC), np.float32))
 
 
 @njit
@@ -132,14 +132,32 @@ def tile_mm(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
                     c[r, j] = fma(x, y, c[r, j]) if code == FMA else c[r, j] + x * y
 
 
+@njit(inline="always")
+def _tiles(m, n):
+    """The number of BLOCK_ROWS x BLOCK_COLS tiles of an (m, n) output."""
+    return ((m + _BR - 1) // _BR) * ((n + _BC - 1) // _BC)
+
+
 @njit
 def _mm_block(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc):
     """The block model of ``mpt.kernels.mma`` (docs/tensor_cores.md §1) for every c[r, :n]:
     the register-blocked tile kernel (``mpt.kernels.block_gemm``) when the operands and c meet
-    its conditions and it raises no flag, else :func:`_mm_block_general`."""
+    its conditions and it raises no flag, else :func:`_mm_block_general`. Where it takes fewer
+    tiles, the kernel computes the transposed product cᵀ = Bᵀ·Aᵀ (a narrow c, e.g. n = 32 of a
+    64-column tile): the same bits, as the block model is a function of each output's c, row of
+    A and column of B, and symmetric in the two factors (anchor ea + eb, exact products)."""
     a2 = a[za, ra:ra + kk, :m].T if a_t else a[za, ra:ra + m, :kk]          # (m, kk)
     b2 = b[zb, rb:rb + n, :kk].T if b_t else b[zb, rb:rb + kk, :n]          # (kk, n)
-    if not _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
+    if _tiles(n, m) < _tiles(m, n):
+        ct = sc[23]                                     # cᵀ, padded with zeros
+        ct[:(n + _BR - 1) // _BR * _BR, :(m + _BC - 1) // _BC * _BC] = 0.0
+        ct[:n, :m] = c[:m, :n].T
+        done = _mm_block_fast(ct, b2.T, a2.T, n, m, kk, eng, sc)
+        if done:
+            c[:m, :n] = ct[:n, :m].T
+    else:
+        done = _mm_block_fast(c, a2, b2, m, n, kk, eng, sc)
+    if not done:
         _mm_block_general(c, a, za, ra, a_t, b, zb, rb, b_t, m, n, kk, eng, sc)
 
 
@@ -155,15 +173,15 @@ def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
     (c unchanged) where its conditions fail or it raises the flag (``block_chain_packed``'s,
     checked here per call: operands finite and in the window, c finite, no c that could grow
     past 2^E_MAX and, without the tiny check, no non-zero |c| below 2^(F−125))."""
-    va, ea, vb, eb, prm, scratch, flag, saved, lo_a, hi_a, lo_b, hi_b, fa, fb = sc[11:]
+    va, ea, vb, eb, prm, scratch, flag, saved, lo_a, hi_a, lo_b, hi_b = sc[11:23]
     L, F = eng[1], eng[2]
     fmin = np.uint32(max(_exponent_of(eng[8]) + 127, 1))
     for x in (lo_a, lo_b):
         x[:kk] = 0xFFFF
     for x in (hi_a, hi_b):
         x[:kk] = 0
-    mt = tile_pack_fields(a2, fmin, va, fa, lo_a, hi_a)
-    nt = tile_pack_fields(b2.T, fmin, vb, fb, lo_b, hi_b)
+    mt = tile_pack(a2, fmin, va, lo_a, hi_a)
+    nt = tile_pack(b2.T, fmin, vb, lo_b, hi_b)
     finite, lowest, highest, top_a, top_b = product_range(lo_a[:kk], hi_a[:kk], lo_b[:kk],
                                                          hi_b[:kk])
     if not finite:
@@ -174,19 +192,24 @@ def _mm_block_fast(c, a2, b2, m, n, kk, eng, sc):
                                             top_a, top_b, prm)
     if variant < 0:
         return False
-    finite, largest, smallest = finite_range_2d(c[:m, :n])
+    finite, largest, smallest, zero = finite_range_2d(c, m, n)
     if not finite or largest + kk * 2.0 ** (highest + 2) >= 2.0 ** E_MAX or \
             smallest < 2.0 ** (F - 125):
         return False
-    tile_codes(fa, mt, kk, np.int32(shift_a - 127), ea)
-    tile_codes(fb, nt, kk, np.int32(shift_b + 127), eb)
-    region = c[:mt * _BR, :nt * _BC]
-    saved[:mt * _BR, :nt * _BC] = region
+    tile_codes(va, mt, kk, fmin, np.int32(shift_a - 127), ea)
+    tile_codes(vb, nt, kk, fmin, np.int32(shift_b + 127), eb)
+    if not zero:                                # (a zero c is restored by zeroing it)
+        for r in range(m):
+            saved[r, :n] = c[r, :n]
     flag[0] = 0
     chain_tiles(c, va[:mt], ea[:mt], vb[:nt], eb[:nt], kk, prm, variant, scratch, flag)
     if flag[0] == 0:
         return True
-    region[:, :] = saved[:mt * _BR, :nt * _BC]
+    for r in range(m):
+        if zero:
+            c[r, :n] = 0.0
+        else:
+            c[r, :n] = saved[r, :n]
     return False
 
 
