@@ -31,7 +31,8 @@ from numba import njit, prange
 from mpt.kernels.fma import fma64_chain
 from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
 from mpt.kernels.tanh_ops import TANH_OPS as _TANH_OPS
-from mpt.kernels.tanh_ops import fast_backward, fast_forward, fix_forward, libm_df64, libm_f64
+from mpt.kernels.tanh_ops import (fast_backward, fast_forward, fix_backward, fix_forward,
+                                   libm_df64, libm_f64)
 from mpt.kernels.threads import one_thread
 
 __all__ = [
@@ -354,19 +355,20 @@ def unary(x, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
         return out
+    doubt = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        xs, outs, doubts = x[lo:hi], out[lo:hi], doubt[lo:hi]
         if op == 2:
-            if fast_forward(x, out, lo, hi, 2):
-                fix_forward(x, out, lo, hi, 2)
+            n = fast_forward(xs, outs, doubts, 2)
         elif op == 3:
-            if fast_forward(x, out, lo, hi, 3):
-                fix_forward(x, out, lo, hi, 3)
+            n = fast_forward(xs, outs, doubts, 3)
         elif op == 5:
-            if fast_forward(x, out, lo, hi, 5):
-                fix_forward(x, out, lo, hi, 5)
-        elif fast_forward(x, out, lo, hi, 6):
-            fix_forward(x, out, lo, hi, 6)
+            n = fast_forward(xs, outs, doubts, 5)
+        else:
+            n = fast_forward(xs, outs, doubts, 6)
+        if n:
+            fix_forward(xs, outs, doubts, op, n)
     return out
 
 
@@ -381,13 +383,16 @@ def unary_backward(x, g, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
         return out
+    doubt = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        xs, gs, outs, doubts = x[lo:hi], g[lo:hi], out[lo:hi], doubt[lo:hi]
         if op == 5:
-            if fast_backward(x, g, out, lo, hi, 5, False):
-                fast_backward(x, g, out, lo, hi, 5, True)
-        elif fast_backward(x, g, out, lo, hi, 6, False):
-            fast_backward(x, g, out, lo, hi, 6, True)
+            n = fast_backward(xs, gs, outs, doubts, 5)
+        else:
+            n = fast_backward(xs, gs, outs, doubts, 6)
+        if n:
+            fix_backward(xs, gs, outs, doubts, op, n)
     return out
 
 
