@@ -21,21 +21,21 @@ terms are below 2^-80):
   (k·2^-55.2 + 0.35u)·e^x/expm1(x) <= 2^-49.3 (e^x/expm1(x) <= 3.42 for k >= 1, <= 1.55 for
   k >= 2), the fma u: e is within 2^-43.9 of expm1(x) relatively (the tests find 2^-44.9).
 * t = e/(e + 2), h = (1 + t)/2 = (e + 1)/(e + 2) for w >= 0 and 1/(e + 2) for w < 0, and
-  m = (1 − t)/2 (the numerators swapped) are each within 2^-43.9 + 4u relatively of their values
-  at x (their relative sensitivity to e is <= 1), with no cancellation. Clamping |w| at 20 moves
+  h·m = (1 − t²)/4 = (e + 1)/(e + 2)² are each within 2^-43.9 + 5u relatively of their values at
+  x (their relative sensitivity to e is <= 1), with no cancellation. Clamping |w| at 20 moves
   tanh by <= 2^-56.7 relatively, h and m by <= 2^-57.7 absolutely.
 * libm's tanh is taken within 4 ulp: |t_L − tanh w| <= min(2^-51, 2^-50·|tanh w|) (glibc
   documents 2 ulp for double tanh). The definitions, with their few float64 roundings, are then
   within 2^-50·|y| (tanh), 2^-52 + 2^-52·|y| (sigmoid), 2^-52·|v| + 2^-51·|y| (gelu_tanh, silu)
   of their values with the exact tanh at the same float64 w; f' of gelu_tanh and silu,
-  f' = h·(1 + z·m) with z = 2v·du (gelu_tanh) or v (silu), within 2^-51 + 2^-50·|z| + u·|f'|,
+  f' = h + z·h·m with z = 2v·du (gelu_tanh) or v (silu), within 2^-51 + 2^-50·|z| + u·|f'|,
   and the product with g adds u·|y|.
-* Ours: y = t, h, or v·h within 2^-43.9 + 5u relatively (plus the clamp); f' = h·fma(z, m, 1)
-  within (|f'| + |z|/4)·(2^-43.9 + 6u) (h·m <= 1/4), and g·f' adds u·|y|.
+* Ours: y = t, h, or v·h within 2^-43.9 + 5u relatively (plus the clamp); f' = fma(z, h·m, h)
+  within (h + |z|/4)·(2^-43.9 + 6u) + u·|f'| (h·m <= 1/4), and g·f' adds u·|y|.
 
-``reach`` is twice the sum with E_REL = 2^-42 for the relative parts, 2^-50·|v| (forward; 1 for
-sigmoid) and 2^-50·|g| + 2^-51·|y| (backward) for libm's: the factor 2 also covers the
-roundings of reach and of y ± reach (tests/test_ops_fast.py checks |y_libm − y| <= reach/2 on
+``reach`` is at least twice the sum: E_REL = 2^-42 for the relative parts and 2^-50·|v|
+(forward; 1 for sigmoid) for libm's; |g|·((h + |z|)·2^-41 + 2^-50) backward (|f'| <= h + |z|/4).
+The factor 2 also covers the roundings of reach and of y ± reach (tests/test_ops_fast.py checks |y_libm − y| <= reach/2 on
 samples of every kind of input, and the bits on every float32 input with ``-m exhaustive``).
 """
 from __future__ import annotations
@@ -131,14 +131,6 @@ def expm1_2a(w):
 
 
 @njit(inline="always", error_model="numpy")
-def _halves(w, e):
-    """(1 + tanh w)/2 and (1 − tanh w)/2 from e = expm1_2a(w), both without cancellation."""
-    rd = 1.0 / (e + 2.0)
-    pos = w >= 0.0
-    return (e + 1.0 if pos else 1.0) * rd, (1.0 if pos else e + 1.0) * rd
-
-
-@njit(inline="always", error_model="numpy")
 def forward(op, v):
     """(y, reach): f(v) of a tanh op by :func:`expm1_2a`, and a bound on its distance to
     :func:`libm_f64` (module docstring)."""
@@ -157,17 +149,19 @@ def forward(op, v):
 @njit(inline="always", error_model="numpy")
 def backward(op, v, g):
     """(y, reach): g·f'(v) of gelu_tanh (5) or silu (6) by :func:`expm1_2a`, and a bound on its
-    distance to g·:func:`libm_df64` (module docstring): f' = h·(1 + z·m) with h = (1 + t)/2,
-    m = (1 − t)/2 and z = 2v·du (gelu_tanh) or v (silu)."""
+    distance to g·:func:`libm_df64` (module docstring): f' = h + z·h·m with h = (1 + t)/2,
+    h·m = (1 − t²)/4 = (e + 1)/(e + 2)², and z = 2v·du (gelu_tanh) or v (silu)."""
     w = tanh_arg(op, v)
-    h, m = _halves(w, expm1_2a(w))
+    e = expm1_2a(w)
+    rd = 1.0 / (e + 2.0)
+    e1 = e + 1.0
+    h = (e1 if w >= 0.0 else 1.0) * rd
     if op == 5:
         z = 2.0 * (v * (_SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)))
     else:
         z = v
-    d = h * fma64(z, m, 1.0)
-    y = g * d
-    return y, abs(g) * ((abs(d) + abs(z)) * E_REL + 2.0**-50) + abs(y) * 2.0**-51
+    y = g * fma64(z, e1 * rd * rd, h)
+    return y, abs(g) * fma64(h + abs(z), 2.0 * E_REL, 2.0**-50)
 
 
 @njit(inline="always")
