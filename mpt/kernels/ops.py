@@ -355,10 +355,9 @@ def unary(x, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(_f64(op, np.float64(x[i])))
         return out
-    doubt = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
-        xs, outs, doubts = x[lo:hi], out[lo:hi], doubt[lo:hi]
+        xs, outs, doubts = x[lo:hi], out[lo:hi], np.empty(hi - lo, np.bool_)
         if op == 2:
             n = fast_forward(xs, outs, doubts, 2)
         elif op == 3:
@@ -383,10 +382,10 @@ def unary_backward(x, g, op):
         for i in prange(x.size):
             out[i] = x.dtype.type(np.float64(g[i]) * _df64(op, np.float64(x[i])))
         return out
-    doubt = np.empty(x.size, np.bool_)
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
-        xs, gs, outs, doubts = x[lo:hi], g[lo:hi], out[lo:hi], doubt[lo:hi]
+        xs, gs, outs = x[lo:hi], g[lo:hi], out[lo:hi]
+        doubts = np.empty(hi - lo, np.bool_)
         if op == 5:
             n = fast_backward(xs, gs, outs, doubts, 5)
         else:

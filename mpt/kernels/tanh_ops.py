@@ -31,7 +31,8 @@ terms are below 2^-80):
   f' = h + z·h·m with z = 2v·du (gelu_tanh) or v (silu), within 2^-51 + 2^-50·|z| + u·|f'|,
   and the product with g adds u·|y|.
 * Ours: y = t, h, or v·h within 2^-43.9 + 5u relatively (plus the clamp); f' = fma(z, h·m, h)
-  within (h + |z|/4)·(2^-43.9 + 6u) + u·|f'| (h·m <= 1/4), and g·f' adds u·|y|.
+  within (h + |z|/4)·(2^-43.9 + 12u) + u·|f'| (h·m <= 1/4; gelu_tanh's z = v·fma(6c·g, v², 2c)
+  is within 6u of 2v·du, its constants rounded), and g·f' adds u·|y|.
 
 ``reach`` is at least twice the sum: E_REL = 2^-42 for the relative parts and 2^-50·|v|
 (forward; 1 for sigmoid) for libm's; |g|·((h + |z|)·2^-41 + 2^-50) backward (|f'| <= h + |z|/4).
@@ -110,6 +111,7 @@ _SHIFT = float.fromhex("0x1.80000000003ffp+52")   # 1.5·2^52 + 1023: s − _SHI
 # 1/n! for n = 2 .. 11 (Taylor series of expm1(r) = r + r²·(1/2 + r/6 + …))
 _E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11 = (
     1.0 / math.factorial(n) for n in range(2, 12))
+_Z0, _Z2 = 2.0 * _SQRT_2_OVER_PI, 6.0 * _GELU_C * _SQRT_2_OVER_PI  # 2·du = _Z0 + _Z2·v²
 E_REL = 2.0**-42   # relative error bound of the vectorized f (and f') around their own size
 
 
@@ -156,20 +158,18 @@ def backward(op, v, g):
     rd = 1.0 / (e + 2.0)
     e1 = e + 1.0
     h = (e1 if w >= 0.0 else 1.0) * rd
-    if op == 5:
-        z = 2.0 * (v * (_SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)))
-    else:
-        z = v
+    z = v * fma64(_Z2, v * v, _Z0) if op == 5 else v   # 2v·du within 3u (gelu_tanh)
     y = g * fma64(z, e1 * rd * rd, h)
     return y, abs(g) * fma64(h + abs(z), 2.0 * E_REL, 2.0**-50)
 
 
 @njit(inline="always")
-def _doubt(y, reach):
-    """Whether y ± reach may round to different float32 patterns (a zero's sign included), or
-    y is a NaN (whose payload libm's path decides)."""
+def _rounded(y, reach):
+    """(fl32(y − reach), doubt): doubt when y ± reach may round to different float32 patterns (a
+    zero's sign included) or y is a NaN (whose payload libm's path decides). Without doubt,
+    fl32(y − reach) is fl32(y) (rounding is monotone): no third conversion."""
     lo = np.float32(y - reach)
-    return (f32_bits(lo) != f32_bits(np.float32(y + reach))) | (lo != lo)
+    return lo, (f32_bits(lo) != f32_bits(np.float32(y + reach))) | (lo != lo)
 
 
 @njit(inline="always", error_model="numpy")
@@ -180,8 +180,7 @@ def fast_forward(x, out, doubt, op):
     unsure = 0
     for i in range(x.size):
         y, reach = forward(op, np.float64(x[i]))
-        out[i] = np.float32(y)
-        flag = _doubt(y, reach)
+        out[i], flag = _rounded(y, reach)
         doubt[i] = flag
         unsure += flag
     return unsure
@@ -215,8 +214,7 @@ def fast_backward(x, g, out, doubt, op):
     unsure = 0
     for i in range(x.size):
         y, reach = backward(op, np.float64(x[i]), np.float64(g[i]))
-        out[i] = np.float32(y)
-        flag = _doubt(y, reach)
+        out[i], flag = _rounded(y, reach)
         doubt[i] = flag
         unsure += flag
     return unsure
