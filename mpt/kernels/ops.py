@@ -17,8 +17,8 @@ outputs, never one sum):
   float32 results this is deterministic unless a float64 error straddles a float32 rounding
   boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
   float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
-  vectorized float64 tanh, and libm's wherever the two could round differently
-  (:mod:`mpt.kernels.tanh_ops`).
+  vectorized float64 evaluation with a proven error bound, and libm's wherever the two could
+  round differently (:mod:`mpt.kernels.tanh_ops`).
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """L1: the tanh ops of :mod:`mpt.kernels.ops` — tanh (2), sigmoid (3), gelu_tanh (5) and silu
 (6), by their ``UNARY_OPS`` codes: each is a float64 formula around one tanh, evaluated with
 libm's tanh and rounded once (:func:`libm_f64`, :func:`libm_df64`). The float32 kernels
-(:func:`fast_forward`, :func:`fix_forward`, :func:`fast_backward`, run by ``ops.unary`` and
-``ops.unary_backward`` in chunks of :data:`CHUNK`) give exactly those bits at SIMD speed.
+(:func:`fast_forward` then :func:`fix_forward`, :func:`fast_backward` then :func:`fix_backward`,
+run by ``ops.unary`` and ``ops.unary_backward`` in chunks of :data:`CHUNK`) give exactly those
+bits at SIMD speed.
 
 Exactness. Per element, :func:`forward` (f) and :func:`backward` (g·f') compute a float64 y
 without libm and a bound ``reach`` with |y_libm − y| <= reach/2, y_libm the float64 value of the
@@ -31,13 +32,14 @@ terms are below 2^-80):
   f' = h + z·h·m with z = 2v·du (gelu_tanh) or v (silu), within 2^-51 + 2^-50·|z| + u·|f'|,
   and the product with g adds u·|y|.
 * Ours: y = t, h, or v·h within 2^-43.9 + 5u relatively (plus the clamp); f' = fma(z, h·m, h)
-  within (h + |z|/4)·(2^-43.9 + 12u) + u·|f'| (h·m <= 1/4; gelu_tanh's z = v·fma(6c·g, v², 2c)
-  is within 6u of 2v·du, its constants rounded), and g·f' adds u·|y|.
+  within (h + |z|/4)·(2^-43.9 + 16u) + u·|f'| (h·m <= 1/4; gelu_tanh's z = v·fma(_Z2, v², _Z0)
+  is within 10u of 2v·du, its constants rounded), and g·f' adds u·|y|.
 
 ``reach`` is at least twice the sum: E_REL = 2^-42 for the relative parts and 2^-50·|v|
 (forward; 1 for sigmoid) for libm's; |g|·((h + |z|)·2^-41 + 2^-50) backward (|f'| <= h + |z|/4).
-The factor 2 also covers the roundings of reach and of y ± reach (tests/test_ops_fast.py checks |y_libm − y| <= reach/2 on
-samples of every kind of input, and the bits on every float32 input with ``-m exhaustive``).
+The factor 2 also covers the roundings of reach and of y ± reach (tests/test_ops_fast.py checks
+|y_libm − y| <= reach/2 on samples of every kind of input, and the bits on every float32 input
+with ``-m exhaustive``).
 """
 from __future__ import annotations
 
@@ -107,7 +109,8 @@ def libm_df64(op, v):
 
 _INV_LN2 = float.fromhex("0x1.71547652b82fep+0")  # 1/ln 2
 _LN2 = float.fromhex("0x1.62e42fefa39efp-1")      # ln 2
-_SHIFT = float.fromhex("0x1.80000000003ffp+52")   # 1.5·2^52 + 1023: s − _SHIFT = k for s = fl(y + _SHIFT)
+_SHIFT = float.fromhex("0x1.80000000003ffp+52")   # 1.5·2^52 + 1023: fl(y + _SHIFT) − _SHIFT
+#                                                   is y rounded to an integer (0 <= y < 2^51)
 # 1/n! for n = 2 .. 11 (Taylor series of expm1(r) = r + r²·(1/2 + r/6 + …))
 _E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11 = (
     1.0 / math.factorial(n) for n in range(2, 12))
@@ -158,7 +161,7 @@ def backward(op, v, g):
     rd = 1.0 / (e + 2.0)
     e1 = e + 1.0
     h = (e1 if w >= 0.0 else 1.0) * rd
-    z = v * fma64(_Z2, v * v, _Z0) if op == 5 else v   # 2v·du within 3u (gelu_tanh)
+    z = v * fma64(_Z2, v * v, _Z0) if op == 5 else v   # 2v·du within 10u (gelu_tanh)
     y = g * fma64(z, e1 * rd * rd, h)
     return y, abs(g) * fma64(h + abs(z), 2.0 * E_REL, 2.0**-50)
 
