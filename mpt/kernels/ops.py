@@ -17,8 +17,8 @@ outputs, never one sum):
   float32 results this is deterministic unless a float64 error straddles a float32 rounding
   boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
   float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
-  vectorized float64 tanh, and libm's wherever the two could round differently
-  (:mod:`mpt.kernels.tanh_ops`).
+  vectorized float64 evaluation with a proven error bound, and libm's wherever the two could
+  round differently (:mod:`mpt.kernels.tanh_ops`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from numba import njit, prange
 from mpt.kernels.fma import fma64_chain
 from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
 from mpt.kernels.tanh_ops import TANH_OPS as _TANH_OPS
-from mpt.kernels.tanh_ops import fast_backward, fast_forward, fix_forward, libm_df64, libm_f64
+from mpt.kernels.tanh_ops import (fast_backward, fast_forward, fix_backward, fix_forward,
+                                   libm_df64, libm_f64)
 from mpt.kernels.threads import one_thread
 
 __all__ = [
@@ -356,17 +357,17 @@ def unary(x, op):
         return out
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        xs, outs, doubts = x[lo:hi], out[lo:hi], np.empty(hi - lo, np.bool_)
         if op == 2:
-            if fast_forward(x, out, lo, hi, 2):
-                fix_forward(x, out, lo, hi, 2)
+            n = fast_forward(xs, outs, doubts, 2)
         elif op == 3:
-            if fast_forward(x, out, lo, hi, 3):
-                fix_forward(x, out, lo, hi, 3)
+            n = fast_forward(xs, outs, doubts, 3)
         elif op == 5:
-            if fast_forward(x, out, lo, hi, 5):
-                fix_forward(x, out, lo, hi, 5)
-        elif fast_forward(x, out, lo, hi, 6):
-            fix_forward(x, out, lo, hi, 6)
+            n = fast_forward(xs, outs, doubts, 5)
+        else:
+            n = fast_forward(xs, outs, doubts, 6)
+        if n:
+            fix_forward(xs, outs, doubts, op, n)
     return out
 
 
@@ -383,11 +384,14 @@ def unary_backward(x, g, op):
         return out
     for t in prange((x.size + _CHUNK_T - 1) // _CHUNK_T):
         lo, hi = t * _CHUNK_T, min(x.size, (t + 1) * _CHUNK_T)
+        xs, gs, outs = x[lo:hi], g[lo:hi], out[lo:hi]
+        doubts = np.empty(hi - lo, np.bool_)
         if op == 5:
-            if fast_backward(x, g, out, lo, hi, 5, False):
-                fast_backward(x, g, out, lo, hi, 5, True)
-        elif fast_backward(x, g, out, lo, hi, 6, False):
-            fast_backward(x, g, out, lo, hi, 6, True)
+            n = fast_backward(xs, gs, outs, doubts, 5)
+        else:
+            n = fast_backward(xs, gs, outs, doubts, 6)
+        if n:
+            fix_backward(xs, gs, outs, doubts, op, n)
     return out
 
 

@@ -1,16 +1,45 @@
 """L1: the tanh ops of :mod:`mpt.kernels.ops` — tanh (2), sigmoid (3), gelu_tanh (5) and silu
 (6), by their ``UNARY_OPS`` codes: each is a float64 formula around one tanh, evaluated with
 libm's tanh and rounded once (:func:`libm_f64`, :func:`libm_df64`). The float32 kernels
-(:func:`fast_forward`, :func:`fix_forward`, :func:`fast_backward`, run by ``ops.unary`` and
-``ops.unary_backward`` in chunks of :data:`CHUNK`) give exactly those bits at SIMD speed.
+(:func:`fast_forward` then :func:`fix_forward`, :func:`fast_backward` then :func:`fix_backward`,
+run by ``ops.unary`` and ``ops.unary_backward`` in chunks of :data:`CHUNK`) give exactly those
+bits at SIMD speed.
 
-The float64 formula runs with :func:`tanh` below, which is vectorizable, and every value whose
-float64 result lies so close to a float32 rounding boundary that the two tanh could round
-differently is recomputed with libm. :func:`tanh` is within 4 ulp of libm's tanh on every
-tested input (tests/test_ops_fast.py; both are within ~2.5 ulp of the exact tanh), so
-|t − tanh_libm| <= 2^-50 (|t| <= 1) and relatively 2^-49; the bounds ``_reach`` / ``_dreach``
-take 2^-48 / 2^-46 to cover that and the few float64 roundings after it, with room to spare. A
-result r is kept when r ± its bound round to the same float32.
+Exactness. Per element, :func:`forward` (f) and :func:`backward` (g·f') compute a float64 y
+without libm and a bound ``reach`` with |y_libm − y| <= reach/2, y_libm the float64 value of the
+definition. When fl32(y − reach) and fl32(y + reach) have the same bits and are not NaN, y_libm,
+which lies between them (rounding is monotone), rounds to those bits too; otherwise libm
+recomputes the element (about 2^-17 of N(0, 1) inputs; more where the definition's own last bits
+decide, as in gelu_tanh below −4). The bounds, with u = 2^-53 (first order: the second-order
+terms are below 2^-80):
+
+* e = :func:`expm1_2a` (w) ≈ expm1(x), x = 2·min(|w|, 20). One fma into a shift constant rounds
+  x/ln2 to an integer k (0 <= k <= 58), one fma gives r = fl(x − k·LN2): |r| <= 0.3466, within
+  k·2^-55.2 + 0.35u of x − k·ln2 (|LN2 − ln2| < 2^-55.2; r = x for k = 0). The Taylor
+  polynomial of degree 11 of expm1(r) is within ρ^11/12!·e^ρ/(1 − ρ/13) <= 2^-45.1 relatively
+  (ρ = 0.3466); its fma Horner scheme adds < 2^-52. Then e = fma(2^k, p, 2^k − 1): scaling
+  at most doubles p's relative error (k = 1: 2|p| <= 0.83 against e >= 0.41), r's error adds
+  (k·2^-55.2 + 0.35u)·e^x/expm1(x) <= 2^-49.3 (e^x/expm1(x) <= 3.42 for k >= 1, <= 1.55 for
+  k >= 2), the fma u: e is within 2^-43.9 of expm1(x) relatively (the tests find 2^-44.9).
+* t = e/(e + 2), h = (1 + t)/2 = (e + 1)/(e + 2) for w >= 0 and 1/(e + 2) for w < 0, and
+  h·m = (1 − t²)/4 = (e + 1)/(e + 2)² are each within 2^-43.9 + 5u relatively of their values at
+  x (their relative sensitivity to e is <= 1), with no cancellation. Clamping |w| at 20 moves
+  tanh by <= 2^-56.7 relatively, h and m by <= 2^-57.7 absolutely.
+* libm's tanh is taken within 4 ulp: |t_L − tanh w| <= min(2^-51, 2^-50·|tanh w|) (glibc
+  documents 2 ulp for double tanh). The definitions, with their few float64 roundings, are then
+  within 2^-50·|y| (tanh), 2^-52 + 2^-52·|y| (sigmoid), 2^-52·|v| + 2^-51·|y| (gelu_tanh, silu)
+  of their values with the exact tanh at the same float64 w; f' of gelu_tanh and silu,
+  f' = h + z·h·m with z = 2v·du (gelu_tanh) or v (silu), within 2^-51 + 2^-50·|z| + u·|f'|,
+  and the product with g adds u·|y|.
+* Ours: y = t, h, or v·h within 2^-43.9 + 5u relatively (plus the clamp); f' = fma(z, h·m, h)
+  within (h + |z|/4)·(2^-43.9 + 16u) + u·|f'| (h·m <= 1/4; gelu_tanh's z = v·fma(_Z2, v², _Z0)
+  is within 10u of 2v·du, its constants rounded), and g·f' adds u·|y|.
+
+``reach`` is at least twice the sum: E_REL = 2^-42 for the relative parts and 2^-50·|v|
+(forward; 1 for sigmoid) for libm's; |g|·((h + |z|)·2^-41 + 2^-50) backward (|f'| <= h + |z|/4).
+The factor 2 also covers the roundings of reach and of y ± reach (tests/test_ops_fast.py checks
+|y_libm − y| <= reach/2 on samples of every kind of input, and the bits on every float32 input
+with ``-m exhaustive``).
 """
 from __future__ import annotations
 
@@ -19,10 +48,12 @@ import math
 import numpy as np
 from numba import njit
 
-from mpt.kernels.mma import _from_bits, f32_bits
+from mpt.kernels.fma import fma64
+from mpt.kernels.mma import _as_bits, _from_bits, f32_bits
 
-__all__ = ["TANH_OPS", "CHUNK", "tanh_arg", "f64_of", "df64_of", "libm_f64", "libm_df64",
-           "tanh", "fast_forward", "fix_forward", "fast_backward"]
+__all__ = ["TANH_OPS", "CHUNK", "E_REL", "tanh_arg", "f64_of", "df64_of", "libm_f64", "libm_df64",
+           "expm1_2a", "forward", "backward", "fast_forward", "fix_forward", "fast_backward",
+           "fix_backward", "doubted"]
 
 _SQRT_2_OVER_PI = 0.7978845608028654      # sqrt(2/pi)
 _GELU_C = 0.044715                        # tanh-approximation coefficient (Hendrycks & Gimpel)
@@ -76,104 +107,124 @@ def libm_df64(op, v):
     return df64_of(op, v, math.tanh(tanh_arg(op, v)))
 
 
-_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")   # ln 2, high part (k·ln2_hi exact for k < 2^11)
-_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")  # ln 2 − ln2_hi
-_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")
-# 1/n! for n = 2 .. 14 (Taylor series of exp(r) − 1 − r; |r| <= ln2/2: remainder < 2^-61 |r|)
-_E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11, _E12, _E13, _E14 = (
-    1.0 / math.factorial(n) for n in range(2, 15))
+_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")  # 1/ln 2
+_LN2 = float.fromhex("0x1.62e42fefa39efp-1")      # ln 2
+_SHIFT = float.fromhex("0x1.80000000003ffp+52")   # 1.5·2^52 + 1023: fl(y + _SHIFT) − _SHIFT
+#                                                   is y rounded to an integer (0 <= y < 2^51)
+# 1/n! for n = 2 .. 11 (Taylor series of expm1(r) = r + r²·(1/2 + r/6 + …))
+_E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11 = (
+    1.0 / math.factorial(n) for n in range(2, 12))
+_Z0, _Z2 = 2.0 * _SQRT_2_OVER_PI, 6.0 * _GELU_C * _SQRT_2_OVER_PI  # 2·du = _Z0 + _Z2·v²
+E_REL = 2.0**-42   # relative error bound of the vectorized f (and f') around their own size
 
 
 @njit(inline="always", error_model="numpy")
-def _expm1_pos(x):
-    """exp(x) − 1 for 0 <= x <= 40, vectorizable: x = k·ln2 + r, |r| <= ln2/2, and
-    2^k·(1 + p(r)) − 1 = (2^k − 1) + 2^k·p(r) with p the Taylor polynomial of degree 14."""
-    k = np.floor(x * _INV_LN2 + 0.5)
-    r = (x - k * _LN2_HI) - k * _LN2_LO
-    p = ((((((((((((_E14 * r + _E13) * r + _E12) * r + _E11) * r + _E10) * r + _E9) * r + _E8)
-              * r + _E7) * r + _E6) * r + _E5) * r + _E4) * r + _E3) * r + _E2)
-    p = r + r * r * p
-    scale = _from_bits((np.int64(k) + 1023) << 52)
-    return (scale - 1.0) + scale * p
+def expm1_2a(w):
+    """expm1(2·min(|w|, 20)) in float64 within 2^-43.9 relative (module docstring); NaN stays
+    NaN. Vectorizable: 2|w| = k·ln2 + r, |r| <= 0.3466, and 2^k·(1 + p(r)) − 1 with p the
+    degree-11 Taylor polynomial of expm1, by fused multiply-adds."""
+    x = 2.0 * abs(w)
+    x = 40.0 if x > 40.0 else x
+    s = fma64(x, _INV_LN2, _SHIFT)         # _SHIFT + k, k = x/ln2 rounded to an integer
+    k = s - _SHIFT
+    r = fma64(k, -_LN2, x)
+    q = fma64(fma64(fma64(fma64(fma64(_E11, r, _E10), r, _E9), r, _E8), r, _E7), r, _E6)
+    q = fma64(fma64(fma64(fma64(q, r, _E5), r, _E4), r, _E3), r, _E2)
+    p = fma64(r * r, q, r)
+    scale = _from_bits(_as_bits(s) << 52)  # 2^k: the low bits of s are 1023 + k
+    return fma64(scale, p, scale - 1.0)
 
 
 @njit(inline="always", error_model="numpy")
-def tanh(u):
-    """tanh(u) in float64, vectorizable: e/(e + 2) with e = expm1(2|u|) (no cancellation); u for
-    |u| < 2^-26, ±1 past |u| = 20 (where tanh rounds to ±1); NaN gives a finite value (callers
-    recompute NaN results with libm)."""
-    a = abs(u)
-    e = _expm1_pos(2.0 * (a if a < 20.0 else 20.0))
-    t = e / (e + 2.0)
-    t = a if a < 2.0**-26 else t
-    return math.copysign(t, u)
-
-
-@njit(inline="always")
-def _reach(op, v, y):
-    """How far f(v) of a tanh op may move with a tanh off by 2^-50 (module docstring)."""
+def forward(op, v):
+    """(y, reach): f(v) of a tanh op by :func:`expm1_2a`, and a bound on its distance to
+    :func:`libm_f64` (module docstring)."""
+    w = tanh_arg(op, v)
+    e = expm1_2a(w)
     if op == 2:
-        return abs(y) * 2.0**-46
+        y = math.copysign(e / (e + 2.0), w)
+        return y, abs(y) * (2.0 * E_REL)
+    h = (e + 1.0 if w >= 0.0 else 1.0) / (e + 2.0)   # (1 + tanh w)/2
     if op == 3:
-        return 2.0**-46
-    return (abs(v) + abs(y)) * 2.0**-46
+        return h, h * E_REL + 2.0**-50
+    y = v * h
+    return y, abs(y) * E_REL + abs(v) * 2.0**-50
+
+
+@njit(inline="always", error_model="numpy")
+def backward(op, v, g):
+    """(y, reach): g·f'(v) of gelu_tanh (5) or silu (6) by :func:`expm1_2a`, and a bound on its
+    distance to g·:func:`libm_df64` (module docstring): f' = h + z·h·m with h = (1 + t)/2,
+    h·m = (1 − t²)/4 = (e + 1)/(e + 2)², and z = 2v·du (gelu_tanh) or v (silu)."""
+    w = tanh_arg(op, v)
+    e = expm1_2a(w)
+    rd = 1.0 / (e + 2.0)
+    e1 = e + 1.0
+    h = (e1 if w >= 0.0 else 1.0) * rd
+    z = v * fma64(_Z2, v * v, _Z0) if op == 5 else v   # 2v·du within 10u (gelu_tanh)
+    y = g * fma64(z, e1 * rd * rd, h)
+    return y, abs(g) * fma64(h + abs(z), 2.0 * E_REL, 2.0**-50)
 
 
 @njit(inline="always")
-def _dreach(op, v, d):
-    """How far f'(v) of gelu_tanh (5) or silu (6) may move with a tanh off by 2^-50."""
-    if op == 5:
-        du = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_C * v * v)
-        return (1.0 + abs(v * du)) * 2.0**-46 + abs(d) * 2.0**-50
-    return (1.0 + 2.0 * abs(v)) * 2.0**-46 + abs(d) * 2.0**-50
+def _rounded(y, reach):
+    """(fl32(y − reach), doubt): doubt when y ± reach may round to different float32 patterns (a
+    zero's sign included) or y is a NaN (whose payload libm's path decides). Without doubt,
+    fl32(y − reach) is fl32(y) (rounding is monotone): no third conversion."""
+    lo = np.float32(y - reach)
+    return lo, (f32_bits(lo) != f32_bits(np.float32(y + reach))) | (lo != lo)
+
+
+@njit(inline="always", error_model="numpy")
+def fast_forward(x, out, doubt, op):
+    """out = f(x) of a tanh op by :func:`forward` (op a constant where inlined: no branch in the
+    loop, which vectorizes), doubt[i] = whether libm must decide out[i]; returns how many must.
+    x, out, doubt: 1-D, one size (chunks: indices from 0 let LLVM see consecutive loads)."""
+    unsure = 0
+    for i in range(x.size):
+        y, reach = forward(op, np.float64(x[i]))
+        out[i], flag = _rounded(y, reach)
+        doubt[i] = flag
+        unsure += flag
+    return unsure
 
 
 @njit(inline="always")
-def _unsure(v, y, reach):
-    """Whether y ± reach may round to different float32 patterns (a zero's sign included), or
-    the input v is a NaN (whose payload libm's path decides)."""
-    return (f32_bits(np.float32(y - reach)) != f32_bits(np.float32(y + reach))) | (v != v)
+def doubted(doubt, n):
+    """The n indices i with doubt[i], in increasing order."""
+    idx = np.empty(n, np.int64)
+    j = 0
+    for i in range(doubt.size):
+        idx[j] = i
+        j += doubt[i]
+        if j == n:
+            break
+    return idx
+
+
+@njit(inline="always")
+def fix_forward(x, out, doubt, op, n):
+    """Recompute with libm the n values of out that :func:`fast_forward` doubts (a
+    separate pass over their indices, taken rarely: a loop that tests doubt[i] before the call
+    lets LLVM call the side-effect-free libm tanh for every element)."""
+    for i in doubted(doubt, n):
+        out[i] = np.float32(libm_f64(op, np.float64(x[i])))
 
 
 @njit(inline="always", error_model="numpy")
-def fast_forward(x, out, lo, hi, op):
-    """out[lo:hi] = f(x) of a tanh op with :func:`tanh` (op a constant where inlined: no branch
-    in the loop, which vectorizes); returns how many need libm."""
+def fast_backward(x, g, out, doubt, op):
+    """out = g·f'(x) of gelu_tanh or silu by :func:`backward` (as :func:`fast_forward`)."""
     unsure = 0
-    for i in range(lo, hi):
-        v = np.float64(x[i])
-        y = f64_of(op, v, tanh(tanh_arg(op, v)))
-        out[i] = np.float32(y)
-        unsure += _unsure(v, y, _reach(op, v, y))
+    for i in range(x.size):
+        y, reach = backward(op, np.float64(x[i]), np.float64(g[i]))
+        out[i], flag = _rounded(y, reach)
+        doubt[i] = flag
+        unsure += flag
     return unsure
 
 
-@njit(inline="always", error_model="numpy")
-def fix_forward(x, out, lo, hi, op):
-    """Recompute with libm the values of out[lo:hi] that :func:`fast_forward` is unsure of (a
-    separate pass, taken rarely: under ``if unsure`` in the fast loop, LLVM would call the side-
-    effect-free libm for every element)."""
-    for i in range(lo, hi):
-        v = np.float64(x[i])
-        y = f64_of(op, v, tanh(tanh_arg(op, v)))
-        if _unsure(v, y, _reach(op, v, y)):
-            out[i] = np.float32(libm_f64(op, v))
-
-
-@njit(inline="always", error_model="numpy")
-def fast_backward(x, g, out, lo, hi, op, fix):
-    """out[lo:hi] = g·f'(x) of gelu_tanh or silu with :func:`tanh` (as :func:`fast_forward`); with
-    ``fix``, recompute with libm the values it is unsure of (as :func:`fix_forward`)."""
-    unsure = 0
-    for i in range(lo, hi):
-        v, gi = np.float64(x[i]), np.float64(g[i])
-        d = df64_of(op, v, tanh(tanh_arg(op, v)))
-        y = gi * d
-        doubt = _unsure(v, y, abs(gi) * _dreach(op, v, d) + abs(y) * 2.0**-50)
-        if fix:
-            if doubt:
-                out[i] = np.float32(gi * libm_df64(op, v))
-        else:
-            out[i] = np.float32(y)
-            unsure += doubt
-    return unsure
+@njit(inline="always")
+def fix_backward(x, g, out, doubt, op, n):
+    """Recompute with libm the n values of out that :func:`fast_backward` doubts."""
+    for i in doubted(doubt, n):
+        out[i] = np.float32(np.float64(g[i]) * libm_df64(op, np.float64(x[i])))
