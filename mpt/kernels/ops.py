@@ -74,10 +74,13 @@ def sum_anb(x):
     for t in prange(A * nb):
         a = t // nb
         b0 = (t % nb) * _CHUNK
-        b1 = min(B, b0 + _CHUNK)
+        width = min(B, b0 + _CHUNK) - b0
+        acc = np.zeros(_CHUNK, x.dtype)      # a local row of sums: the loop vectorizes
         for n in range(N):
-            for b in range(b0, b1):
-                out[a, b] += x[a, n, b]
+            row = x[a, n, b0:b0 + width]
+            for b in range(width):
+                acc[b] += row[b]
+        out[a, b0:b0 + width] = acc[:width]
     return out
 
 
