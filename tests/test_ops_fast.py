@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 from numba import njit, prange
 
 from mpt.formats import get_format
-from mpt.kernels import ops
+from mpt.kernels import ops, tanh_ops
 from mpt.kernels.attention import _round_format
-from mpt.kernels import tanh_ops
 
 TANH_OPS = {"tanh": 2, "sigmoid": 3, "gelu_tanh": 5, "silu": 6}
 

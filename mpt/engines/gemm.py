@@ -27,6 +27,7 @@ rule, an assumption for the GPU's adds). Oracles: ``mpt.reference.mma`` and
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,7 +128,7 @@ def _prepare(a, b, c, model, in_format, out_format, variant=None, scales=None, o
     except ValueError:
         shapes = ", ".join(str(s) for s in (a.shape, b.shape) + (() if c is None else (c.shape,)))
         raise ValueError(f"a, b (and c) batch dimensions do not broadcast: {shapes}") from None
-    with _mma.threads_for(int(np.prod(batch)) * m * n * a.shape[-1]):
+    with _mma.threads_for(math.prod(batch) * m * n * a.shape[-1]):
         ops = operands_class(model.kind_of(cfg))(model, cfg, a, b, (fa, fb), out_name, batch,
                                                  scales, options)
     c3 = None if c is None else c.reshape((-1, m, n))

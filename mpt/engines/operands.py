@@ -21,6 +21,8 @@ such as Gaudi's FP8 biases.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mpt.formats import get_format
@@ -89,7 +91,9 @@ def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
     """(flattened (B', R, C) array — a view where numpy can make one —, (B,) index of each
     broadcast batch element into it)."""
-    flat = x.reshape((int(np.prod(x.shape[:-2])),) + x.shape[-2:])
+    if x.ndim == 2 and not batch:                  # one matrix: the common case, kept cheap
+        return x[None], np.zeros(1, np.int64)
+    flat = x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:])
     index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
     return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
 

@@ -1,6 +1,8 @@
 """Helpers shared by the ops: argument checks, opmath operands, fixed-order sums."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mpt._checks import check_int
@@ -52,7 +54,7 @@ def operand(v, work):
 def as_rows(x: np.ndarray) -> np.ndarray:
     """``x`` as a C-contiguous (R, N) array of rows along its last axis, R the product of the
     other dimensions (also when N = 0, where ``reshape(-1, 0)`` is ambiguous)."""
-    return np.ascontiguousarray(x).reshape(int(np.prod(x.shape[:-1], dtype=np.int64)),
+    return np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]),
                                            x.shape[-1])
 
 
@@ -76,12 +78,12 @@ def sum_axes(x: np.ndarray, axes: tuple) -> np.ndarray:
         return x.copy()
     lo, hi = axes[0], axes[-1] + 1
     if axes == tuple(range(lo, hi)):  # one contiguous block of axes: no transposition
-        a = int(np.prod(x.shape[:lo]))
-        b = int(np.prod(x.shape[hi:]))
+        a = math.prod(x.shape[:lo])
+        b = math.prod(x.shape[hi:])
         x3 = np.ascontiguousarray(x).reshape(a, -1, b)
     else:
-        x3 = np.ascontiguousarray(x.transpose(kept + axes)).reshape(-1, int(np.prod(
-            [x.shape[i] for i in axes])), 1)
+        x3 = np.ascontiguousarray(x.transpose(kept + axes)).reshape(-1, math.prod(
+            [x.shape[i] for i in axes]), 1)
     return sum_anb(x3).reshape(out_shape)
 
 

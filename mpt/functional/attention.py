@@ -237,7 +237,7 @@ class FlashAttention(Function):
 
 def _kv_index(q_batch, k_batch, enable_gqa) -> np.ndarray:
     """(Z,) index into the flattened k/v batch for each flattened query batch."""
-    index = np.arange(int(np.prod(k_batch, dtype=np.int64))).reshape(k_batch)
+    index = np.arange(math.prod(k_batch)).reshape(k_batch)
     if enable_gqa and k_batch and q_batch and k_batch[-1] != q_batch[-1]:
         index = np.repeat(index, q_batch[-1] // k_batch[-1], axis=-1)
     try:
@@ -265,7 +265,7 @@ def _flash_attention(query, key, value, fmt, attn_mask, is_causal, scale, dropou
                          f"same batch dimensions; got {key.shape} and {value.shape}")
     kv_of = _kv_index(query.shape[:-2], key.shape[:-2], enable_gqa)
     opts = _FlashOptions(scale, bool(is_causal), int(block_q), int(block_k), bool(exp2), kv_of,
-                         int(np.prod(key.shape[:-2], dtype=np.int64)), _dropout(dropout_p))
+                         math.prod(key.shape[:-2]), _dropout(dropout_p))
     return FlashAttention.apply(query, key, value, fmt, opts)
 
 

@@ -8,6 +8,8 @@ the output is rounded once (RNE) to the format of the (autocast-cast) input. Ora
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mpt._checks import check_bool, check_real, renamed
@@ -154,7 +156,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     bias = _affine(bias, shape, "layer_norm", "bias")
     fmt = common_format("layer_norm", input=input, weight=weight, bias=bias)
     eps = check_real("layer_norm: eps", eps, min=0)
-    return LayerNorm.apply(input, weight, bias, fmt, int(np.prod(shape)), eps)
+    return LayerNorm.apply(input, weight, bias, fmt, math.prod(shape), eps)
 
 
 class RMSNorm(Function):
@@ -192,7 +194,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     weight = _affine(weight, shape, "rms_norm", "weight")
     fmt = common_format("rms_norm", input=input, weight=weight)
     eps = fmt.eps if eps is None else check_real("rms_norm: eps", eps, min=0)
-    return RMSNorm.apply(input, weight, fmt, int(np.prod(shape)), eps)
+    return RMSNorm.apply(input, weight, fmt, math.prod(shape), eps)
 
 
 # ---- embedding -----------------------------------------------------------------------------------
@@ -239,7 +241,7 @@ def embedding(input, weight, padding_idx=None):
 def dropout_mask(shape: tuple, p: float, seed: int, stream: int) -> np.ndarray:
     """The keep mask (bool, ``shape``): element i is kept iff word i of the Philox stream
     ``(seed, stream)`` is ≥ ``round(p·2^32)`` — kept with probability 1 − round(p·2^32)/2^32."""
-    n = int(np.prod(shape, dtype=np.int64))
+    n = math.prod(shape)
     threshold = np.uint64(round(p * 2.0**32))
     return (random_words(seed, stream, n).astype(np.uint64) >= threshold).reshape(shape)
 

@@ -9,6 +9,8 @@ float64 sums; gradients by central differences in fp64 mode.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from mpt._checks import check_bool, check_real
@@ -37,7 +39,7 @@ def _kept_shape(shape: tuple, axes: tuple) -> tuple:
 
 
 def _count(shape: tuple, axes: tuple) -> int:
-    return int(np.prod([shape[i] for i in axes], dtype=np.int64))
+    return math.prod([shape[i] for i in axes])
 
 
 def _expand(g: np.ndarray, shape: tuple, axes: tuple) -> np.ndarray:

@@ -31,8 +31,8 @@ from numba import njit, prange
 from mpt.kernels.fma import fma64_chain
 from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
 from mpt.kernels.tanh_ops import TANH_OPS as _TANH_OPS
-from mpt.kernels.tanh_ops import (fast_backward, fast_forward, fix_backward, fix_forward,
-                                   libm_df64, libm_f64)
+from mpt.kernels.tanh_ops import (fast_backward, fast_forward, fix_backward, fix_forward, libm_df64,
+                                  libm_f64)
 from mpt.kernels.threads import one_thread
 
 __all__ = [
