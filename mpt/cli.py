@@ -342,7 +342,7 @@ def _add_study(sub) -> None:
                    help="seed coordinates; each cell's run seed is derived from its own "
                         "(default 0 1 2)")
     g.add_argument("--sizes", nargs="+", metavar="SIZE",
-                   help="model sizes: tiny (16:1:2), small (32:1:2, the study's), base (64:2:4), "
+                   help="model sizes: tiny (16:1:2), small (32:1:2), base (64:2:4, the study's), "
                         "large (128:4:8), or D_MODEL:LAYERS:HEADS (default small)")
     g.add_argument("--lrs", nargs="+", type=float, metavar="LR",
                    help="peak learning rates; min_lr = lr/10 (default 3e-3)")

@@ -93,18 +93,20 @@ plt.show()
 #
 # ## Per parameter, in a real training run
 #
-# Now the GPT of `mpt study` (one block, d_model 32, vocabulary 32), trained with AdamW for 100
-# steps under `fp32` and the three bf16 recipes, from the same weights on the same batches. After
-# every step the optimizer reports, per low-precision parameter, how many elements' FP32 working
-# value changed and how many of those kept their bf16 bits (`optimizer.lost_updates`, a
-# `CopyDownStats` per parameter). For `bf16-pure` those updates are lost; for `bf16-o2` they
-# wait in the master; for `bf16-pure-sr` each was a stochastic round down.
+# Now a small GPT of `mpt study`'s kind (one block, d_model 32, vocabulary 32), trained with
+# AdamW for 100 steps under `fp32` and the three bf16 recipes, from the same weights on the same
+# batches. After every step the optimizer reports, per low-precision parameter, how many
+# elements' FP32 working value changed and how many of those kept their bf16 bits
+# (`optimizer.lost_updates`, a `CopyDownStats` per parameter). For `bf16-pure` those updates are
+# lost; for `bf16-o2` they wait in the master; for `bf16-pure-sr` each was a stochastic round
+# down.
 
 # %%
 from mpt.study import StudyConfig
 from mpt.train import MarkovCorpus, Trainer
 
-config = StudyConfig(recipes=("fp32",), steps=100, quant=False)
+config = StudyConfig(recipes=("fp32",), steps=100, quant=False,
+                     d_model=32, n_layers=1, n_heads=2)
 corpus = MarkovCorpus(config.vocab, config.sharpness, seed=config.corpus_seed)
 RECIPES = ("fp32", "bf16-pure", "bf16-o2", "bf16-pure-sr")
 

@@ -149,7 +149,7 @@ def tiny_result():
 
 def test_table(tiny_result):
     lines = format_table(tiny_result).splitlines()
-    assert lines[0].startswith("GPT d_model=32")
+    assert lines[0].startswith("GPT d_model=64")
     assert lines[1] == "target h100: NVIDIA H100 (Hopper, sm_90) (reference model); attention flash"
     assert "entropy rate" in lines[2]
     header = lines[4].split()

@@ -29,9 +29,9 @@ class StudyConfig:
     steps: int = 400
     vocab: int = 32
     sharpness: int = 8
-    d_model: int = 32
-    n_layers: int = 1
-    n_heads: int = 2
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
     seq_len: int = 16
     batch: int = 16
     lr: float = 3e-3

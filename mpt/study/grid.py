@@ -76,7 +76,8 @@ class ModelSize:
         return triple if self.name == triple else f"{self.name} ({triple})"
 
 
-#: The named sizes; ``small`` is the study's default network.
+#: The named sizes; ``base`` is the study's default network (the grid's default size is
+#: ``small``: a grid runs every recipe several times).
 MODEL_SIZES = {s.name: s for s in (ModelSize("tiny", 16, 1, 2), ModelSize("small", 32, 1, 2),
                                    ModelSize("base", 64, 2, 4), ModelSize("large", 128, 4, 8))}
 
