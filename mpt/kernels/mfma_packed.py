@@ -406,8 +406,8 @@ def _finish_fast(builder, c_ptr, unit, s, x86):
                         x86)
     v = builder.lshr(builder.sub(u, unit), const(23))
     q = _ashr_any(builder, builder.shl(s, const(2)), v, x86)
-    sticky = builder.icmp_unsigned("!=", builder.and_(q, const(3)), const(0))
-    n_a = builder.or_(builder.ashr(q, const(2)), builder.zext(sticky, _VI32))
+    n_a = builder.ashr(builder.or_(q, builder.add(builder.and_(q, const(3)), const(3))),
+                       const(2))                   # bit 2 set where q's last two bits are not 0
     d = builder.fmul(builder.sitofp(builder.add(n_c, n_a), _VF32), builder.bitcast(u, _VF32))
     finite = builder.icmp_unsigned("!=", field, const(0x7F800000))
     builder.store(builder.select(finite, d, c), c_ptr, align=4)
