@@ -242,9 +242,10 @@ def _emit_codes(builder, ca_addr, cb_addr, k0, nk):
 
 
 def _code_fields(builder, pairs):
-    """The codes of :func:`_emit_codes` as float32 exponent fields, code·2^23: 8 int32 vectors,
-    row r, columns 16h .. 16h+15 in vector 2r + h (each row's bytes picked out, zero-extended,
-    shifted). E's pattern is code·2^23 + 2^23."""
+    """Bytes laid out as :func:`_emit_codes`'s codes (or a function of them, byte by byte) as
+    float32 exponent fields, byte·2^23: 8 int32 vectors, row r, columns 16h .. 16h+15 in vector
+    2r + h (each row's bytes picked out, zero-extended, shifted). E's pattern is
+    code·2^23 + 2^23."""
     zero = ir.Constant(_VI8, [0] * 64)
     out = []
     for r in range(ROWS):
@@ -259,16 +260,13 @@ def _code_fields(builder, pairs):
     return out
 
 
-def _scales(builder, fields, floor):
+def _floored_scales(builder, fields):
     """2^24/E as float32 vectors from :func:`_code_fields` (the pattern (151 − e + 127)·2^23 of
-    E = 2^e), E raised to 2^-64 first with ``floor`` (the scale stays finite for every code;
-    without it every E must be at least 2^-103)."""
+    E = 2^e), E raised to 2^-64 first (the scale stays finite for every code, 2^88 at most; a
+    group with E < 2^-64 holds only zero products, whose terms are 0 whatever the scale)."""
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-    if floor:
-        fields = [builder.call(vumax, [x, _splat(_ANCHOR_FLOOR_BITS - (1 << 23), _VI32)])
-                  for x in fields]
-    return [builder.bitcast(builder.sub(_splat(_SCALE_BITS - (1 << 23), _VI32), x), _VF32)
-            for x in fields]
+    return [builder.bitcast(builder.sub(_splat(_SCALE_BITS - (1 << 23), _VI32), builder.call(
+        vumax, [x, _splat(_ANCHOR_FLOOR_BITS - (1 << 23), _VI32)])), _VF32) for x in fields]
 
 
 def _emit_sum(builder, va_addr, vb_addr, k0, nk, scale):
@@ -291,7 +289,7 @@ def _anchors_and_sums(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
     """(E, S) of products k0 .. k0+nk-1 for the tile, for the float64 finish: E as float32
     vectors (at least 2^-126), S by :func:`_emit_sum` (E floored at 2^-64 in the scales)."""
     fields = _code_fields(builder, _emit_codes(builder, ca_addr, cb_addr, k0, nk))
-    total = _emit_sum(builder, va_addr, vb_addr, k0, nk, _scales(builder, fields, True))
+    total = _emit_sum(builder, va_addr, vb_addr, k0, nk, _floored_scales(builder, fields))
     return [builder.bitcast(builder.add(x, _splat(1 << 23, _VI32)), _VF32)
             for x in fields], total
 
@@ -329,20 +327,27 @@ def _merge_halves(builder, even, odd):
     return anchor, total
 
 
-def _floor_to_int(builder, x, y, x86):
-    """floor(x·y) as int32 (x·y exact or below 1 in magnitude, its floor an int32): with
-    ``x86``, one product and one conversion rounding toward −∞ (AVX-512 embedded rounding: a
-    product that underflows keeps its sign, −2^-149 at most for a negative one); portably,
-    ``llvm.floor`` of the product, and −1 for a negative x whose product underflowed to −0."""
+def _product_down(builder, x, y, x86):
+    """x·y (y a power of two): with ``x86`` rounded toward −∞ (AVX-512 embedded rounding: a
+    product that underflows keeps its sign, −2^-149 at most for a negative one), portably
+    rounded to nearest. Exact where it does not underflow."""
     if x86:
-        product = _x86_call(builder, "llvm.x86.avx512.mul.ps.512", _VF32,
-                            [x, y, ir.Constant(_I32, _ROUND_DOWN)])
+        return _x86_call(builder, "llvm.x86.avx512.mul.ps.512", _VF32,
+                         [x, y, ir.Constant(_I32, _ROUND_DOWN)])
+    return builder.fmul(x, y)
+
+
+def _floor_to_int(builder, product, x, x86):
+    """floor(x·y) as int32 from product = :func:`_product_down` (x, y) (x·y exact or below 1 in
+    magnitude, its floor an int32): with ``x86``, one conversion rounding toward −∞; portably,
+    ``llvm.floor``, and −1 for a negative x whose product underflowed to −0."""
+    if x86:
         return _x86_call(builder, "llvm.x86.avx512.mask.cvtps2dq.512", _VI32,
                          [product, _splat(0, _VI32), ir.Constant(ir.IntType(16), 0xFFFF),
                           ir.Constant(_I32, _ROUND_DOWN)])
     vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v16f32", _VF32, 1)
     vminnum = _gemm.vector_intrinsic(builder, "llvm.minnum.v16f32", _VF32, 2)
-    floor = builder.call(vfloor, [builder.fmul(x, y)])
+    floor = builder.call(vfloor, [product])
     negative = builder.fcmp_ordered("<", x, _splat(0.0, _VF32))
     floor = builder.select(negative, builder.call(vminnum, [floor, _splat(-1.0, _VF32)]), floor)
     return builder.fptosi(floor, _VI32)
@@ -402,8 +407,8 @@ def _finish_fast(builder, c_ptr, unit, s, x86):
     c = builder.load(c_ptr, align=4)
     field = builder.and_(builder.bitcast(c, _VI32), const(0x7F800000))
     u = builder.call(vsmax, [unit, builder.sub(field, const(29 << 23))])   # the pattern of 2^u
-    n_c = _floor_to_int(builder, c, builder.bitcast(builder.sub(const(254 << 23), u), _VF32),
-                        x86)
+    n_c = _floor_to_int(builder, _product_down(builder, c, builder.bitcast(
+        builder.sub(const(254 << 23), u), _VF32), x86), c, x86)
     v = builder.lshr(builder.sub(u, unit), const(23))
     q = _ashr_any(builder, builder.shl(s, const(2)), v, x86)
     n_a = builder.ashr(builder.or_(q, builder.add(builder.and_(q, const(3)), const(3))),
@@ -448,14 +453,17 @@ def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0,
         fast = builder.and_(fast, builder.icmp_signed("<=", nk, _gemm.const(_FAST_GROUP)))
     with builder.if_else(fast) as (then, otherwise):
         with then:
-            fields = _code_fields(builder, pairs)
-            total = _emit_sum(builder, va_addr, vb_addr, k0, nk, _scales(builder, fields, False))
-            for i, (x, total_i) in enumerate(zip(fields, total)):
+            # 277 − code (mod 256; in [22, 241] for code >= 36): the field of 2^24/E
+            scale = _code_fields(builder, [builder.sub(ir.Constant(_VI8, [277 - 256] * 64), x)
+                                           for x in pairs])
+            total = _emit_sum(builder, va_addr, vb_addr, k0, nk,
+                              [builder.bitcast(x, _VF32) for x in scale])
+            for i, (x, total_i) in enumerate(zip(scale, total)):
                 offset = builder.add(builder.mul(_gemm.const(i // 2), ldc),
                                      _gemm.const(i % 2 * 2 * _WIDE))
                 _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
                                                       _VF32.as_pointer()),
-                             builder.sub(x, _splat(23 << 23, _VI32)), total_i, X86_ROUNDING)
+                             builder.sub(_splat(254 << 23, _VI32), x), total_i, X86_ROUNDING)
         with otherwise:
             _finish_wide(builder, base, ldc, *_anchors_and_sums(builder, *sums, k0, nk),
                          halves)
