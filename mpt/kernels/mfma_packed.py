@@ -368,10 +368,10 @@ def _x86_call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
-def _finish_fast(builder, c_ptr, unit, s, x86):
+def _finish_fast(builder, c_ptr, scale, s, x86):
     """The fused rule's finish (``mpt.kernels.mfma._finish``) on 16 lanes in int32 and float32,
     for 2^-90 <= E <= 2^60 and |S| < 2^29 (groups of at most 8: the caller's tests): c (16
-    float32 at c_ptr, in: C, out: D), unit (the float32 pattern of 2^(E−24), as int32), s (S,
+    float32 at c_ptr, in: C, out: D), scale (the float32 pattern of 2^(24−E), as int32), s (S,
     int32). An Inf or NaN C stays. ``x86``: AVX-512 embedded rounding (:func:`_floor_to_int`,
     :func:`_ashr_any`).
 
@@ -403,13 +403,15 @@ def _finish_fast(builder, c_ptr, unit, s, x86):
     sign, the floor for |4S| < 2^31."""
     def const(x):
         return _splat(x, _VI32)
-    vsmax = _gemm.vector_intrinsic(builder, "llvm.smax.v16i32", _VI32, 2)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
     c = builder.load(c_ptr, align=4)
     field = builder.and_(builder.bitcast(c, _VI32), const(0x7F800000))
-    u = builder.call(vsmax, [unit, builder.sub(field, const(29 << 23))])   # the pattern of 2^u
-    n_c = _floor_to_int(builder, _product_down(builder, c, builder.bitcast(
-        builder.sub(const(254 << 23), u), _VF32), x86), c, x86)
-    v = builder.lshr(builder.sub(u, unit), const(23))
+    # 2^-u = min(2^(24−E), 2^(29−e(c))): (283 − c's biased exponent)·2^23, unsigned
+    inv = builder.call(vumin, [scale, builder.sub(const((254 + 29) << 23), field)])
+    n_c = _floor_to_int(builder, _product_down(builder, c, builder.bitcast(inv, _VF32), x86),
+                        c, x86)
+    u = builder.sub(const(254 << 23), inv)                          # the pattern of 2^u
+    v = builder.lshr(builder.sub(scale, inv), const(23))
     q = _ashr_any(builder, builder.shl(s, const(2)), v, x86)
     n_a = builder.ashr(builder.or_(q, builder.add(builder.and_(q, const(3)), const(3))),
                        const(2))                   # bit 2 set where q's last two bits are not 0
@@ -463,7 +465,7 @@ def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0,
                                      _gemm.const(i % 2 * 2 * _WIDE))
                 _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
                                                       _VF32.as_pointer()),
-                             builder.sub(_splat(254 << 23, _VI32), x), total_i, X86_ROUNDING)
+                             x, total_i, X86_ROUNDING)
         with otherwise:
             _finish_wide(builder, base, ldc, *_anchors_and_sums(builder, *sums, k0, nk),
                          halves)
@@ -557,8 +559,8 @@ def _finish_kernel(x86):
         def codegen(context, builder, signature, args):
             c_ptr, e_ptr, s_ptr = (builder.inttoptr(x, t.as_pointer())
                                    for x, t in zip(args, (_VF32, _VI32, _VI32)))
-            unit = builder.sub(builder.load(e_ptr, align=4), _splat(24 << 23, _VI32))
-            _finish_fast(builder, c_ptr, unit, builder.load(s_ptr, align=4), x86)
+            scale = builder.sub(_splat(_SCALE_BITS, _VI32), builder.load(e_ptr, align=4))
+            _finish_fast(builder, c_ptr, scale, builder.load(s_ptr, align=4), x86)
             return context.get_dummy_value()
         return types.void(types.intp, types.intp, types.intp), codegen
     return finish
