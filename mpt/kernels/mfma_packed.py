@@ -120,24 +120,25 @@ def pack_codes(ea: np.ndarray, eb: np.ndarray):
                          f"{top_a} + {top_b} (operands outside packed_ok's range)")
     shift = 255 - top_a
     nb, m, k = ea.shape
-    ca = np.zeros((nb, -(-m // ROWS), k, ROWS), np.uint32)
+    ca = np.empty((nb, -(-m // ROWS), k, ROWS), np.uint32)
     cb = np.full((eb.shape[0], -(-eb.shape[1] // _gemm.COLS), k, 2 * _gemm.COLS), 255, np.uint8)
-    _codes_a(ea, shift, _gemm.along_k(ea), ca)
+    _codes_a(ea, shift, ca)
     _codes_b(eb, shift + _ZERO_EXP, _gemm.along_k(eb), cb)
     return ca, cb
 
 
 @njit(cache=True)
-def _codes_a(ea, shift, along_k, out):
-    """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255); ea read
-    in memory order (``along_k``: K is its faster axis)."""
-    nr, nk = ea.shape[1], ea.shape[2]
-    for z in range(ea.shape[0]):
-        for i in range(nr if along_k else nk):
-            for j in range(nk if along_k else nr):
-                r, k = (i, j) if along_k else (j, i)
-                u = min(max(ea[z, r, k] + shift, 0), 255)
-                out[z, r // ROWS, k, r % ROWS] = np.uint32(u * 0x01010101)
+def _codes_a(ea, shift, out):
+    """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255) (0 past
+    M), written in memory order."""
+    nr = ea.shape[1]
+    for z in range(out.shape[0]):
+        for t in range(out.shape[1]):
+            for k in range(out.shape[2]):
+                for w in range(ROWS):
+                    r = t * ROWS + w
+                    u = min(max(ea[z, r, k] + shift, 0), 255) if r < nr else 0
+                    out[z, t, k, w] = np.uint32(u * 0x01010101)
 
 
 @njit(cache=True)
