@@ -311,3 +311,27 @@ def test_float32_finish_against_the_exact_rule(portable):
     finish_fast(got, ((e + 127) << 23).astype(np.int32), s.astype(np.int32), portable)
     want = [_finish_exact(c[i], int(e[i]), int(s[i])) for i in range(n)]
     assert got.view(np.uint32).tolist() == want
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16"])
+def test_full_tiles_with_and_without_special_accumulators(fmt):
+    """Whole 4 x 32 tiles of non-zero products (every lane on the float32 finish) and K over
+    several tile calls: finite C, ordinary or up to ±FLT_MAX (the finish without Inf/NaN tests:
+    every C of the tile finite), and tiles with one Inf or NaN C (with them); against the
+    general kernel."""
+    rng = np.random.default_rng(29)
+    dtype = _dtype(fmt)
+    spread = 14 if fmt == "fp16" else 29
+
+    def values(shape):
+        x = np.ldexp(rng.uniform(1, 2, shape), rng.integers(-spread, spread + 1, shape))
+        return (x * rng.choice([-1, 1], shape)).astype(np.float32).astype(dtype)
+    a, b = values((2, 8, 264)), values((2, 264, 64))
+    special = np.zeros((2, 8, 64), np.float32)
+    special[0, 1, 5], special[1, 6, 40] = -np.inf, np.nan    # one Inf and one NaN tile
+    for c in (np.zeros((2, 8, 64), np.float32),
+              (rng.standard_normal((2, 8, 64)) * 2.0**20).astype(np.float32),
+              np.float32(3.4028235e38) * rng.choice([-1, 1], (2, 8, 64)).astype(np.float32),
+              special):
+        got, want = _packed_and_general("cdna3", fmt, a, b, c)
+        assert np.array_equal(got, want)

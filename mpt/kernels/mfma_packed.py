@@ -369,12 +369,12 @@ def _x86_call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
-def _finish_fast(builder, c_ptr, scale, s, x86):
+def _finish_fast(builder, c_ptr, scale, s, x86, finite_c=False):
     """The fused rule's finish (``mpt.kernels.mfma._finish``) on 16 lanes in int32 and float32,
     for 2^-90 <= E <= 2^60 and |S| < 2^29 (groups of at most 8: the caller's tests): c (16
     float32 at c_ptr, in: C, out: D), scale (the float32 pattern of 2^(24−E), as int32), s (S,
-    int32). An Inf or NaN C stays. ``x86``: AVX-512 embedded rounding (:func:`_floor_to_int`,
-    :func:`_ashr_any`).
+    int32). An Inf or NaN C stays, unless ``finite_c`` (the caller knows every C finite: no test).
+    ``x86``: AVX-512 embedded rounding (:func:`_floor_to_int`, :func:`_ashr_any`).
 
     The rule: D = RNE(x), x = X0 + A, X0 = floor(c·2^(24−M))·2^(M−24), A =
     floor(S·2^(E−M+7))·2^(M−31), M = max(E, e(c)) (e(c) >= 2^-126). With d = log2(e(c)/E)
@@ -417,15 +417,17 @@ def _finish_fast(builder, c_ptr, scale, s, x86):
     n_a = builder.ashr(builder.or_(q, builder.add(builder.and_(q, const(3)), const(3))),
                        const(2))                   # bit 2 set where q's last two bits are not 0
     d = builder.fmul(builder.sitofp(builder.add(n_c, n_a), _VF32), builder.bitcast(u, _VF32))
-    finite = builder.icmp_unsigned("!=", field, const(0x7F800000))
-    builder.store(builder.select(finite, d, c), c_ptr, align=4)
+    if not finite_c:
+        d = builder.select(builder.icmp_unsigned("!=", field, const(0x7F800000)), d, c)
+    builder.store(d, c_ptr, align=4)
 
 
 _FAST_CODE = 126 - 90             # E >= 2^-90 (code >= 36): _finish_fast's range
 _FAST_GROUP = 8                   # products per group (|S| < 2^29): _finish_fast's range
 
 
-def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves):
+def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves,
+                finite_c=False):
     """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
     ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: the anchor
     codes (:func:`_emit_codes`); where every E of the tile is at least 2^-90 and nk <= 8, S
@@ -466,7 +468,7 @@ def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0,
                                      _gemm.const(i % 2 * 2 * _WIDE))
                 _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
                                                       _VF32.as_pointer()),
-                             x, total_i, X86_ROUNDING)
+                             x, total_i, X86_ROUNDING, finite_c)
         with otherwise:
             _finish_wide(builder, base, ldc, *_anchors_and_sums(builder, *sums, k0, nk),
                          halves)
@@ -489,18 +491,52 @@ def _finish_wide(builder, base, ldc, anchor, total, halves):
                                          _VF64), halves)
 
 
+# every C of a tile finite when a tile call starts: every C of the call stays finite (a group
+# adds |A| < 2^66 to |c|, and RNE(x) overflows only from FLT_MAX + 2^103), so the float32
+# finish needs no test for Inf or NaN
+_FINITE_BITS = 0x7F800000
+
+
+def _tile_below(builder, tile_addr, ldc, bits):
+    """Whether every |C| of the ROWS x COLS tile at tile_addr is below the float32 pattern
+    ``bits`` (an i1): the unsigned max of the magnitude patterns (an Inf or NaN is above every
+    finite pattern)."""
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    base = builder.inttoptr(tile_addr, _I32.as_pointer())
+    top = None
+    for i in range(ROWS * 2):
+        offset = builder.add(builder.mul(_gemm.const(i // 2), ldc), _gemm.const(i % 2 * 2 * _WIDE))
+        x = builder.and_(builder.load(builder.bitcast(builder.gep(base, [offset]),
+                                                      _VI32.as_pointer()), align=4),
+                         _splat(0x7FFFFFFF, _VI32))
+        top = x if top is None else builder.call(vumax, [top, x])
+    below = builder.icmp_unsigned("<", top, _splat(bits, _VI32))
+    return builder.icmp_unsigned("==", builder.bitcast(below, ir.IntType(16)),
+                                 ir.Constant(ir.IntType(16), 0xFFFF))
+
+
 def _tile_kernel(group, halves):
     """A tile kernel ``(tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups)``
     (intp arguments): ngroups groups of nk products (of ``group``, an int, when not 0: nk is
-    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
+    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`); with
+    a finish without Inf/NaN tests when every C of the tile is finite (``_FINITE_BITS``)."""
     def emit(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups):
         size = _gemm.const(group) if group else nk
 
-        def one_group(g, state):
-            _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
-                        builder.mul(g, size), group or nk, halves)
-            return state
-        _gemm.k_loop(builder, ngroups, [], one_group)
+        def groups(finite_c):
+            def one_group(g, state):
+                _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
+                            builder.mul(g, size), group or nk, halves, finite_c)
+                return state
+            _gemm.k_loop(builder, ngroups, [], one_group)
+        if halves:
+            groups(False)
+            return
+        with builder.if_else(_tile_below(builder, tile_addr, ldc, _FINITE_BITS)) as (then, other):
+            with then:
+                groups(True)
+            with other:
+                groups(False)
 
     @intrinsic
     def tile(typingctx, tile_addr, ldc, va, pa, vb, pb, nk, ngroups):
