@@ -9,14 +9,19 @@ every other call takes the general kernel). Per group of products and per tile o
 
 1. **anchor**: E = max over the group of nominal(a)·nominal(b) — 2^(ea + eb) with the nominal
    exponents of :func:`exponents` (a zero's is −126, a subnormal's the format's emin) —, raised
-   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_anchor`): u = ea + s and
+   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_codes`): u = ea + s and
    v = s − 126 − eb, clipped to [0, 255], s = 255 − max ea; the saturating difference u ⊖ v =
    max(0, ea + eb + 126) is the code of 2^max(ea + eb, −126);
 2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
 3. **finish**: re-alignment of S·2^(E−24) and c to M = max(E, e(c)) rounding toward −∞ (31 and
-   24 fraction bits), one RNE rounding to FP32 — in float32 on 16 lanes (:func:`_finish_fast`,
-   TwoSum) when every E of the tile is at least 2^-90, else in float64 on 8 lanes
-   (:func:`_finish_lanes`; always for the FP8 rule).
+   24 fraction bits), one RNE rounding to FP32 — as one int32 on 16 lanes, rounded to odd
+   where c dominates, converted once (:func:`_finish_fast`) when every E of the tile is at
+   least 2^-90 and the group has at most 8 products, else in float64 on 8 lanes
+   (:func:`_finish_lanes`; always for the FP8 rule). A tile whose C are all finite when a call
+   starts takes a finish without Inf/NaN tests (C stays finite: ``_FINITE_BITS``).
+
+AVX-512 hosts (``mpt.kernels.block_gemm.X86_ROUNDING``) round the float32 finish's floors with
+embedded rounding (one instruction each); other hosts run portable IR with the same results.
 
 Why every step is exact. Inputs have at most 11 significant bits (fp16, bf16, TF32, fp8), so a
 product a·b (at most 22 bits) is exact in float32 when it is normal, which every non-zero
@@ -27,7 +32,8 @@ magnitude (|p| < 4E), and the 16 terms of the largest group sum exactly in int32
 group of zero products every term is 0 whatever the scale, which is why the scale's E is
 floored at 2^-64 (the scale stays finite: at most 2^88), and why E may be raised to 2^-126:
 E < 2^-126 holds only zero products, and M = max(E, e(c)) is unchanged, e(c) >= 2^-126 (a zero
-or subnormal c counts as 2^-126). The codes are exact where it matters: u <= 255 and v >= 0
+or subnormal c counts as 2^-126); the float32 path, whose E are at least 2^-90, takes
+2^24/E unfloored (at most 2^114). The codes are exact where it matters: u <= 255 and v >= 0
 as long as max ea + max eb <= 129 (:func:`pack_codes` checks it; non-zero products of the
 packed range have ea + eb <= 60, a zero's −126 + eb <= 1); a u clipped to 0 (ea < max ea − 255)
 or a v clipped to 255 (eb < −126 − max ea) belongs to a product with ea + eb < −126, whose
@@ -51,14 +57,15 @@ from numba.core.extending import intrinsic
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.block_gemm import X86_ROUNDING
 
-__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed"]
+__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed", "finish_fast"]
 
 _KC = 128                     # k per tile call: B's panels of one call stay in L1
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
 ROWS = 4                      # tile rows: 4 x 32 outputs keep E, the scale and S (24 vectors)
                               # in the 32 AVX-512 registers; measured faster than 2, 3, 6 or 8
 # 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
-# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
+# _SCALE_BITS - bits(E); E is floored at 2^-64 on the float64 path, so the scale is at most
+# 2^88 (finite); the float32 path's E >= 2^-90 give at most 2^114.
 _SCALE_BITS = 278 << 23
 _ANCHOR_FLOOR_BITS = 63 << 23
 _TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
@@ -107,7 +114,7 @@ def exponents(bits, emin, out):
 def pack_codes(ea: np.ndarray, eb: np.ndarray):
     """The anchor codes of A and B from their nominal exponents :func:`exponents`: A's
     (Ba, Mt, K, ROWS) uint32 (each code in all four bytes), B's (Bb, Nt, K, 64) uint8 (the
-    interleaved panel :func:`_emit_anchor` reads); ea (Ba, M, K), eb (Bb, N, K), any strides.
+    interleaved panel :func:`_emit_codes` reads); ea (Ba, M, K), eb (Bb, N, K), any strides.
     The codes hold every anchor when max ea + max eb <= 129 (module docstring), which
     :func:`packed_ok` operands meet: a largest nominal exponent that comes from a normal value
     is at most log2 of it, so two such sum to at most log2 of the largest product, 60; one that
