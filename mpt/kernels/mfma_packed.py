@@ -327,8 +327,9 @@ def _finish_fast(builder, c_ptr, scale, s, x86, finite_c=False):
     u = builder.sub(const(254 << 23), inv)                          # the pattern of 2^u
     v = builder.lshr(builder.sub(scale, inv), const(23))
     q = _ashr_any(builder, builder.shl(s, const(2)), v, x86)
-    n_a = builder.ashr(builder.or_(q, builder.add(builder.and_(q, const(3)), const(3))),
-                       const(2))                   # bit 2 set where q's last two bits are not 0
+    # q + 3 carries into bit 2 exactly where q's last two bits are not 0: bit 2 of (q + 3) ^ q
+    n_a = builder.ashr(builder.or_(q, builder.and_(builder.xor(builder.add(q, const(3)), q),
+                                                   const(4))), const(2))
     d = builder.fmul(builder.sitofp(builder.add(n_c, n_a), _VF32), builder.bitcast(u, _VF32))
     if not finite_c:
         d = builder.select(builder.icmp_unsigned("!=", field, const(0x7F800000)), d, c)
