@@ -302,10 +302,10 @@ def _finish_fast(builder, c_ptr, scale, s, x86, finite_c=False):
       x·2^-u exactly, |N| < 2^30 + 2^29 (|c| < 2^(M+1) <= 2^(E+6), |S| < 2^29), and
       D = RNE(N)·2^u = RNE(x): the scaling is exact (|D| >= 2^u >= 2^-114, or D = +0: an exact
       zero is +0, as the rule's).
-    * d >= 6 (v >= 1): M = e(c), X0 = c, u = M − 29 = g + 2 with g = max(E − 24, M − 31), A's
-      grid: A·2^-g = floor(S·2^-max(d−7, 0)) = (4S) >> v (an arithmetic shift: the floor;
-      exact for d = 6), so A·2^-u = ((4S) >> v)/4, whose RO is ((4S) >> v) >> 2, or'ed with 1
-      where the last two bits are not 0. c·2^-u is even (c's grid 2^(M−23)), so N = c·2^-u +
+    * d >= 6 (v = d − 5): M = e(c), X0 = c, u = M − 29, and A = s31·2^(M−31) with the rule's
+      s31 = floor(S·2^(7−d)) = (4S) >> v (an arithmetic shift: the floor), so A·2^-u = s31/4,
+      whose RO is s31 >> 2 with bit 0 set where s31's last two bits are not 0 (bit 2 of
+      (s31 + 3) ^ s31). c·2^-u is even (c's grid 2^(M−23)), so N = c·2^-u +
       RO(A·2^-u) = RO(x·2^-u), |N| < 2^30 + 2^28. And |A| < 2^(E+5) <= 2^(M−1) <= |c|/2, so
       |x·2^-u| > 2^28: the conversion rounds at a multiple of 2^5 units, its grid points and
       midpoints are even integers, and N, odd where x·2^-u is not an integer, lies on the same
