@@ -335,3 +335,16 @@ def test_full_tiles_with_and_without_special_accumulators(fmt):
               special):
         got, want = _packed_and_general("cdna3", fmt, a, b, c)
         assert np.array_equal(got, want)
+
+
+def test_packed_kernel_refuses_strided_arrays():
+    """The tile calls address the packed arrays by offsets: a strided one is refused."""
+    from mpt.kernels.mfma_packed import fused_chain_packed
+    va, vb = np.zeros((1, 1, 8, 4), np.float32), np.zeros((1, 1, 8, 32), np.float32)
+    ca, cb = np.zeros((1, 1, 8, 4), np.uint32), np.zeros((1, 1, 8, 64), np.uint8)
+    index = np.zeros(1, np.int64)
+    fused_chain_packed(va, ca, vb, cb, np.zeros((1, 4, 32), np.float32), index, index, 0, 8, 8,
+                       False)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fused_chain_packed(va, ca, vb, cb, np.zeros((1, 4, 64), np.float32)[:, :, ::2], index,
+                           index, 0, 8, 8, False)

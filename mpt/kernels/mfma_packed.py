@@ -476,25 +476,31 @@ def fused_chain_packed(vap, cap, vbp, cbp, acc, ia, ib, k0, k1, group, halves):
 
     vap: (Ba, Mt, K, ROWS) float32 values of A packed by ``gemm.pack_rows``, cap its anchor
     codes (:func:`pack_codes`); vbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``, cbp: (Bb,
-    Nt, K, 2·COLS) its codes; acc: (B,
-    Mt·ROWS, Nt·COLS) float32, C-contiguous, in: C, out: D. Tasks are (batch, column panel,
-    ``gemm.ROW_TILES`` row tiles); each calls a tile kernel per row tile and k-slice of _KC.
+    Nt, K, 2·COLS) its codes; acc: (B, Mt·ROWS, Nt·COLS) float32, in: C, out: D; every array
+    C-contiguous (ValueError otherwise). Tasks are (batch, column panel, ``gemm.ROW_TILES`` row
+    tiles); each calls a tile kernel per row tile and k-slice of _KC.
     """
+    if not (vap.flags.c_contiguous and cap.flags.c_contiguous and vbp.flags.c_contiguous
+            and cbp.flags.c_contiguous and acc.flags.c_contiguous):
+        raise ValueError("fused_chain_packed takes C-contiguous packed operands and accumulator")
     nb, ldc = acc.shape[0], acc.shape[2]
-    mt, nt = vap.shape[1], vbp.shape[1]
+    mt, nt, nk, cols = vap.shape[1], vbp.shape[1], vap.shape[2], _gemm.COLS
     groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
     step = max(_KC // group, 1) * group
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        va_z, ca_z, vb_p, cb_p = vap[ia[z]], cap[ia[z]], vbp[ib[z], jt], cbp[ib[z], jt]
+        # byte addresses (every array C-contiguous): no array views per tile call
+        va, ca = vap[ia[z]].ctypes.data, cap[ia[z]].ctypes.data
+        vb, cb = vbp[ib[z], jt].ctypes.data, cbp[ib[z], jt].ctypes.data
+        tile = acc[z].ctypes.data + 4 * jt * cols
         for kc in range(k0, k1, step):
             ngroups = min(step, k1 - kc) // group
             for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
-                args = (acc[z, it * ROWS:, jt * _gemm.COLS:].ctypes.data, ldc,
-                        va_z[it, kc:].ctypes.data, ca_z[it, kc:].ctypes.data,
-                        vb_p[kc:].ctypes.data, cb_p[kc:].ctypes.data, group, ngroups)
+                a_off = 4 * (it * nk + kc) * ROWS
+                args = (tile + 4 * it * ROWS * ldc, ldc, va + a_off, ca + a_off,
+                        vb + 4 * kc * cols, cb + 2 * kc * cols, group, ngroups)
                 if halves:
                     _groups_fp8(*args)
                 elif group == 8:
