@@ -6,7 +6,7 @@ them. Why the codes hold every anchor: :mod:`mpt.kernels.mfma_packed`'s module d
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from mpt.kernels import gemm as _gemm
 
@@ -44,12 +44,12 @@ def _magnitudes(bits):
     return hi, np.uint32(low + np.uint32(1))
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def exponents(bits, emin, out):
     """out = the nominal exponent of each float32 pattern of bits ((n,) uint32 -> (n,) int32):
     max(floor(log2|x|), emin) for x != 0 (emin >= -126: a float32 subnormal gets emin), and
     -126 for a zero (``mpt.kernels.mfma._nominal``)."""
-    for i in range(bits.size):
+    for i in prange(bits.size):
         field = np.int32((bits[i] >> np.uint32(23)) & np.uint32(0xFF))
         zero = (bits[i] & np.uint32(0x7FFFFFFF)) == 0
         out[i] = _ZERO_EXP if zero else max(field - np.int32(127), emin)
@@ -78,31 +78,32 @@ def pack_codes(ea: np.ndarray, eb: np.ndarray):
     return ca, cb
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _codes_a(ea, shift, out):
     """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255) (0 past
-    M), written in memory order."""
-    nr = ea.shape[1]
-    for z in range(out.shape[0]):
-        for t in range(out.shape[1]):
-            for k in range(out.shape[2]):
-                for w in range(ROWS):
-                    r = t * ROWS + w
-                    u = min(max(ea[z, r, k] + shift, 0), 255) if r < nr else 0
-                    out[z, t, k, w] = np.uint32(u * 0x01010101)
+    M), written in memory order, row tiles in parallel."""
+    nr, nt = ea.shape[1], out.shape[1]
+    for zt in prange(out.shape[0] * nt):
+        z, t = zt // nt, zt % nt
+        for k in range(out.shape[2]):
+            for w in range(ROWS):
+                r = t * ROWS + w
+                u = min(max(ea[z, r, k] + shift, 0), 255) if r < nr else 0
+                out[z, t, k, w] = np.uint32(u * 0x01010101)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _codes_b(eb, shift, along_k, out):
     """out[z, t, k, L] = v = clip(shift − eb[z, t·COLS + j, k], 0, 255) for both bytes L of
     column j: L = 8·(j // 4) + j % 4 and L + 4 (255 past N: the difference is then 0); eb
-    read in memory order."""
+    read in memory order, its outer axis in parallel."""
     cols, nc, nk = _gemm.COLS, eb.shape[1], eb.shape[2]
-    for z in range(eb.shape[0]):
-        for i in range(nc if along_k else nk):
-            for j in range(nk if along_k else nc):
-                c, k = (i, j) if along_k else (j, i)
-                lane = 8 * (c % cols // 4) + c % 4
-                v = np.uint8(min(max(shift - eb[z, c, k], 0), 255))
-                out[z, c // cols, k, lane] = v
-                out[z, c // cols, k, lane + 4] = v
+    outer, inner = (nc, nk) if along_k else (nk, nc)
+    for zi in prange(eb.shape[0] * outer):
+        z, i = zi // outer, zi % outer
+        for j in range(inner):
+            c, k = (i, j) if along_k else (j, i)
+            lane = 8 * (c % cols // 4) + c % 4
+            v = np.uint8(min(max(shift - eb[z, c, k], 0), 255))
+            out[z, c // cols, k, lane] = v
+            out[z, c // cols, k, lane + 4] = v
