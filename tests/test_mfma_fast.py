@@ -10,6 +10,9 @@ Inputs are adversarial: every finite fp16 pattern (subnormals, ±0), bf16 over a
 spread, accumulators that are subnormal, ±0, huge, Inf or NaN, exact cancellations, K that is no
 multiple of the group, odd shapes, batches, chunks over k, both thread counts.
 """
+import math
+from fractions import Fraction
+
 import ml_dtypes
 import numba
 import numpy as np
@@ -18,7 +21,9 @@ import pytest
 import mpt
 from mpt.engines.amd import MFMAOperands
 from mpt.formats import get_format
-from mpt.reference.mfma import mfma_reference
+from mpt.kernels.mfma_packed import finish_fast
+from mpt.reference.mfma import exponent, mfma_reference
+from mpt.reference.rounding import round_exact
 
 FNUZ = ml_dtypes.float8_e4m3fnuz
 
@@ -245,3 +250,101 @@ def test_anchor_codes_refuse_exponents_out_of_range():
     assert ca.shape == (1, 1, 8, 4) and cb.shape == (1, 1, 8, 64)
     with pytest.raises(ValueError, match="anchor codes"):
         pack_codes(ea, np.full((1, 3, 8), 60, np.int32))
+
+
+def _finish_exact(c, e, s):
+    """The fused rule's steps 3-4 in exact rationals (``mpt.reference.mfma``'s module docstring):
+    the FP32 pattern of D for a finite float32 c, E = 2^e, the integer S; c's own pattern for an
+    Inf or NaN c."""
+    if not math.isfinite(c):
+        return int(np.float32(c).view(np.uint32))
+    m = max(e, exponent(float(c), "fp32"))
+    s31 = math.floor(Fraction(s) * Fraction(2) ** (e - m + 7))
+    t24 = math.floor(Fraction(float(c)) * Fraction(2) ** (24 - m))
+    total = (s31 + 2**7 * t24) * Fraction(2) ** (m - 31)
+    return 0 if total == 0 else round_exact(total, "fp32")
+
+
+def _finish_lanes(rng, n):
+    """(c, e, S) for n lanes of the float32 finish: E = 2^e over its whole range [2^-90, 2^60],
+    c from far below to far above E (24-bit significands, some with trailing zeros), ±0,
+    subnormals, the largest finite, Inf, NaN; |S| < 2^29 with random trailing zeros; and one lane
+    in four a tie by construction for c 6 to 20 binades above E (x = c + A exactly halfway
+    between two FP32 neighbours, S's bits below A's grid 2^(M-31) random: the rule drops them)."""
+    e = rng.integers(-90, 61, n)
+    d = rng.integers(-40, 41, n)
+    mant = rng.integers(1 << 23, 1 << 24, n) >> rng.integers(0, 24, n) << rng.integers(0, 24, n)
+    mant = np.minimum(mant, (1 << 24) - 1)
+    c = np.ldexp(mant.astype(np.float64), np.clip(e + d - 23, -149, 104)) \
+        * rng.choice([-1.0, 1.0], n)
+    s = (rng.integers(-(1 << 29) + 1, 1 << 29, n) >> rng.integers(0, 29, n)) \
+        << rng.integers(0, 3, n)
+    s = np.clip(s, -(1 << 29) + 1, (1 << 29) - 1)
+    tie = rng.random(n) < 0.25
+    dt = rng.integers(6, 21, n)
+    for i in np.flatnonzero(tie):   # c in [2^M, 2^(M+1)), M = e + d: A = odd·2^(M-24)
+        m = e[i] + dt[i]
+        c[i] = np.ldexp(float(rng.integers(1 << 23, 1 << 24)), m - 23) * rng.choice([-1, 1])
+        odd = 2 * int(rng.integers(0, 1 << max(28 - int(dt[i]) - 8, 0))) + 1
+        q = odd << 7                                   # A·2^-(M-31), the rule's s31
+        shift = max(int(dt[i]) - 7, 0)                 # S's bits below the grid 2^(M-31)
+        s[i] = ((q >> (7 - dt[i])) if dt[i] < 7 else (q << shift)) * rng.choice([-1, 1]) \
+            + int(rng.integers(0, 1 << shift))
+    special = rng.random(n) < 0.05
+    c[special] = rng.choice([0.0, -0.0, 1e-45, -1e-45, -3e-39, 3.4028235e38, -3.4028235e38,
+                             np.inf, -np.inf, np.nan], special.sum())
+    return c.astype(np.float32), e, s.astype(np.int64)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_float32_finish_against_the_exact_rule(portable):
+    """The int32/float32 finish of the register-blocked kernel (``finish_fast``: both its AVX-512
+    and its portable IR) on lanes the GEMMs above rarely reach — every E of the fast path, C from
+    40 binades below to 40 above (the floors toward −∞ of C and of the product sum), exact ties
+    whose bits below the rule's grid must not count, overflow to Inf — against the rule in exact
+    rationals."""
+    rng = np.random.default_rng(23 + portable)
+    n = 16 * 256
+    c, e, s = _finish_lanes(rng, n)
+    assert np.all(np.abs(s) < 2**29) and np.all((e >= -90) & (e <= 60))
+    got = c.copy()
+    finish_fast(got, ((e + 127) << 23).astype(np.int32), s.astype(np.int32), portable)
+    want = [_finish_exact(c[i], int(e[i]), int(s[i])) for i in range(n)]
+    assert got.view(np.uint32).tolist() == want
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16"])
+def test_full_tiles_with_and_without_special_accumulators(fmt):
+    """Whole 4 x 32 tiles of non-zero products (every lane on the float32 finish) and K over
+    several tile calls: finite C, ordinary or up to ±FLT_MAX (the finish without Inf/NaN tests:
+    every C of the tile finite), and tiles with one Inf or NaN C (with them); against the
+    general kernel."""
+    rng = np.random.default_rng(29)
+    dtype = _dtype(fmt)
+    spread = 14 if fmt == "fp16" else 29
+
+    def values(shape):
+        x = np.ldexp(rng.uniform(1, 2, shape), rng.integers(-spread, spread + 1, shape))
+        return (x * rng.choice([-1, 1], shape)).astype(np.float32).astype(dtype)
+    a, b = values((2, 8, 264)), values((2, 264, 64))
+    special = np.zeros((2, 8, 64), np.float32)
+    special[0, 1, 5], special[1, 6, 40] = -np.inf, np.nan    # one Inf and one NaN tile
+    for c in (np.zeros((2, 8, 64), np.float32),
+              (rng.standard_normal((2, 8, 64)) * 2.0**20).astype(np.float32),
+              np.float32(3.4028235e38) * rng.choice([-1, 1], (2, 8, 64)).astype(np.float32),
+              special):
+        got, want = _packed_and_general("cdna3", fmt, a, b, c)
+        assert np.array_equal(got, want)
+
+
+def test_packed_kernel_refuses_strided_arrays():
+    """The tile calls address the packed arrays by offsets: a strided one is refused."""
+    from mpt.kernels.mfma_packed import fused_chain_packed
+    va, vb = np.zeros((1, 1, 8, 4), np.float32), np.zeros((1, 1, 8, 32), np.float32)
+    ca, cb = np.zeros((1, 1, 8, 4), np.uint32), np.zeros((1, 1, 8, 64), np.uint8)
+    index = np.zeros(1, np.int64)
+    fused_chain_packed(va, ca, vb, cb, np.zeros((1, 4, 32), np.float32), index, index, 0, 8, 8,
+                       False)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fused_chain_packed(va, ca, vb, cb, np.zeros((1, 4, 64), np.float32)[:, :, ::2], index,
+                           index, 0, 8, 8, False)

@@ -9,14 +9,19 @@ every other call takes the general kernel). Per group of products and per tile o
 
 1. **anchor**: E = max over the group of nominal(a)·nominal(b) — 2^(ea + eb) with the nominal
    exponents of :func:`exponents` (a zero's is −126, a subnormal's the format's emin) —, raised
-   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_anchor`): u = ea + s and
+   to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_codes`): u = ea + s and
    v = s − 126 − eb, clipped to [0, 255], s = 255 − max ea; the saturating difference u ⊖ v =
    max(0, ea + eb + 126) is the code of 2^max(ea + eb, −126);
 2. **sum**: S = Σ int32(a·b·2^24/E), ``fptosi`` truncating toward zero;
 3. **finish**: re-alignment of S·2^(E−24) and c to M = max(E, e(c)) rounding toward −∞ (31 and
-   24 fraction bits), one RNE rounding to FP32 — in float32 on 16 lanes (:func:`_finish_fast`,
-   TwoSum) when every E of the tile is at least 2^-90, else in float64 on 8 lanes
-   (:func:`_finish_lanes`; always for the FP8 rule).
+   24 fraction bits), one RNE rounding to FP32 — as one int32 on 16 lanes, rounded to odd
+   where c dominates, converted once (:func:`_finish_fast`) when every E of the tile is at
+   least 2^-90 and the group has at most 8 products, else in float64 on 8 lanes
+   (:func:`_finish_lanes`; always for the FP8 rule). A tile whose C are all finite when a call
+   starts takes a finish without Inf/NaN tests (C stays finite: ``_FINITE_BITS``).
+
+AVX-512 hosts (``mpt.kernels.block_gemm.X86_ROUNDING``) round the float32 finish's floors with
+embedded rounding (one instruction each); other hosts run portable IR with the same results.
 
 Why every step is exact. Inputs have at most 11 significant bits (fp16, bf16, TF32, fp8), so a
 product a·b (at most 22 bits) is exact in float32 when it is normal, which every non-zero
@@ -27,7 +32,8 @@ magnitude (|p| < 4E), and the 16 terms of the largest group sum exactly in int32
 group of zero products every term is 0 whatever the scale, which is why the scale's E is
 floored at 2^-64 (the scale stays finite: at most 2^88), and why E may be raised to 2^-126:
 E < 2^-126 holds only zero products, and M = max(E, e(c)) is unchanged, e(c) >= 2^-126 (a zero
-or subnormal c counts as 2^-126). The codes are exact where it matters: u <= 255 and v >= 0
+or subnormal c counts as 2^-126); the float32 path, whose E are at least 2^-90, takes
+2^24/E unfloored (at most 2^114). The codes are exact where it matters: u <= 255 and v >= 0
 as long as max ea + max eb <= 129 (:func:`pack_codes` checks it; non-zero products of the
 packed range have ea + eb <= 60, a zero's −126 + eb <= 1); a u clipped to 0 (ea < max ea − 255)
 or a v clipped to 255 (eb < −126 − max ea) belongs to a product with ea + eb < −126, whose
@@ -44,114 +50,24 @@ lanes, generic intrinsics); LLVM picks the instructions for the host.
 from __future__ import annotations
 
 import llvmlite.ir as ir
-import numpy as np
 from numba import njit, prange, types
 from numba.core.extending import intrinsic
 
 from mpt.kernels import gemm as _gemm
+from mpt.kernels.block_gemm import X86_ROUNDING
+# the operands' range check and anchor codes (re-exported: the engine's and the tests' names)
+from mpt.kernels.mfma_codes import ROWS, exponents, pack_codes, packed_ok
 
-__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed"]
+__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed", "finish_fast"]
 
 _KC = 128                     # k per tile call: B's panels of one call stay in L1
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
-ROWS = 4                      # tile rows: 4 x 32 outputs keep E, the scale and S (24 vectors)
-                              # in the 32 AVX-512 registers; measured faster than 2, 3, 6 or 8
 # 2^24/E for a float32 power of two E = 2^e is the pattern (151 - e + 127) << 23, i.e.
-# _SCALE_BITS - bits(E); E is floored at 2^-64, so the scale is at most 2^88 (finite).
-_SCALE_BITS = np.uint32(278 << 23)
-_ANCHOR_FLOOR_BITS = np.uint32(63 << 23)
-_TINY_BITS = 0x00800000       # the float32 pattern of 2^-126
-_ZERO_EXP = -126              # a zero's nominal exponent, and the anchor codes' floor
-
-
-def packed_ok(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether decoded operands (float32) may take :func:`fused_chain_packed`: all finite, and
-    every non-zero |a_ik·b_kj| within [2^-60, 2^60]."""
-    (hi_a, lo_a), (hi_b, lo_b) = (_magnitudes(np.ascontiguousarray(x).reshape(-1)
-                                              .view(np.uint32)) for x in (a, b))
-    if max(hi_a, hi_b) >= 0x7F800000:                  # an Inf or a NaN
-        return False
-    if hi_a == 0 or hi_b == 0:                         # every product is zero
-        return True
-    lo_a, lo_b, hi_a, hi_b = (np.float64(np.uint32(x).view(np.float32))
-                              for x in (lo_a, lo_b, hi_a, hi_b))
-    return lo_a * lo_b >= 2.0**-60 and hi_a * hi_b <= 2.0**60
-
-
-@njit(cache=True)
-def _magnitudes(bits):
-    """(largest, smallest non-zero) magnitude pattern of float32 patterns (sign dropped; the
-    patterns of magnitudes order as their values); the smallest is 0 when all are ±0. Integer
-    min/max only, so the loop vectorizes."""
-    hi, low = np.uint32(0), np.uint32(0xFFFFFFFF)
-    for i in range(bits.size):
-        m = bits[i] & np.uint32(0x7FFFFFFF)
-        hi = max(hi, m)
-        low = min(low, np.uint32(m - np.uint32(1)))   # ±0 wraps to the largest
-    return hi, np.uint32(low + np.uint32(1))
-
-
-@njit(cache=True)
-def exponents(bits, emin, out):
-    """out = the nominal exponent of each float32 pattern of bits ((n,) uint32 -> (n,) int32):
-    max(floor(log2|x|), emin) for x != 0 (emin >= -126: a float32 subnormal gets emin), and
-    -126 for a zero (``mpt.kernels.mfma._nominal``)."""
-    for i in range(bits.size):
-        field = np.int32((bits[i] >> np.uint32(23)) & np.uint32(0xFF))
-        zero = (bits[i] & np.uint32(0x7FFFFFFF)) == 0
-        out[i] = _ZERO_EXP if zero else max(field - np.int32(127), emin)
-
-
-def pack_codes(ea: np.ndarray, eb: np.ndarray):
-    """The anchor codes of A and B from their nominal exponents :func:`exponents`: A's
-    (Ba, Mt, K, ROWS) uint32 (each code in all four bytes), B's (Bb, Nt, K, 64) uint8 (the
-    interleaved panel :func:`_emit_anchor` reads); ea (Ba, M, K), eb (Bb, N, K), any strides.
-    The codes hold every anchor when max ea + max eb <= 129 (module docstring), which
-    :func:`packed_ok` operands meet: a largest nominal exponent that comes from a normal value
-    is at most log2 of it, so two such sum to at most log2 of the largest product, 60; one that
-    comes from a subnormal or a zero (emin, −126) sums with the other operand's to at most
-    emin + the largest exponent of its format, <= 1 for every format here. ValueError
-    otherwise."""
-    top_a, top_b = int(ea.max()), int(eb.max())
-    if top_a + top_b > 255 + _ZERO_EXP:
-        raise ValueError(f"anchor codes need max ea + max eb <= {255 + _ZERO_EXP}; got "
-                         f"{top_a} + {top_b} (operands outside packed_ok's range)")
-    shift = 255 - top_a
-    nb, m, k = ea.shape
-    ca = np.zeros((nb, -(-m // ROWS), k, ROWS), np.uint32)
-    cb = np.full((eb.shape[0], -(-eb.shape[1] // _gemm.COLS), k, 2 * _gemm.COLS), 255, np.uint8)
-    _codes_a(ea, shift, _gemm.along_k(ea), ca)
-    _codes_b(eb, shift + _ZERO_EXP, _gemm.along_k(eb), cb)
-    return ca, cb
-
-
-@njit(cache=True)
-def _codes_a(ea, shift, along_k, out):
-    """out[z, t, k, w] = u·0x01010101, u = clip(ea[z, t·ROWS + w, k] + shift, 0, 255); ea read
-    in memory order (``along_k``: K is its faster axis)."""
-    nr, nk = ea.shape[1], ea.shape[2]
-    for z in range(ea.shape[0]):
-        for i in range(nr if along_k else nk):
-            for j in range(nk if along_k else nr):
-                r, k = (i, j) if along_k else (j, i)
-                u = min(max(ea[z, r, k] + shift, 0), 255)
-                out[z, r // ROWS, k, r % ROWS] = np.uint32(u * 0x01010101)
-
-
-@njit(cache=True)
-def _codes_b(eb, shift, along_k, out):
-    """out[z, t, k, L] = v = clip(shift − eb[z, t·COLS + j, k], 0, 255) for both bytes L of
-    column j: L = 8·(j // 4) + j % 4 and L + 4 (255 past N: the difference is then 0); eb
-    read in memory order."""
-    cols, nc, nk = _gemm.COLS, eb.shape[1], eb.shape[2]
-    for z in range(eb.shape[0]):
-        for i in range(nc if along_k else nk):
-            for j in range(nk if along_k else nc):
-                c, k = (i, j) if along_k else (j, i)
-                lane = 8 * (c % cols // 4) + c % 4
-                v = np.uint8(min(max(shift - eb[z, c, k], 0), 255))
-                out[z, c // cols, k, lane] = v
-                out[z, c // cols, k, lane + 4] = v
+# _SCALE_BITS - bits(E); E is floored at 2^-64 on the float64 path, so the scale is at most
+# 2^88 (finite); the float32 path's E >= 2^-90 give at most 2^114.
+_SCALE_BITS = 278 << 23
+_ANCHOR_FLOOR_BITS = 63 << 23
+_ROUND_DOWN = 9               # AVX-512 embedded rounding: toward −∞, exceptions suppressed
 
 
 _F32, _I32 = ir.FloatType(), ir.IntType(32)
@@ -159,6 +75,7 @@ _F64, _I64 = ir.DoubleType(), ir.IntType(64)
 _VF64, _VI64 = ir.VectorType(_F64, _WIDE), ir.VectorType(_I64, _WIDE)
 _VF32, _VI32 = ir.VectorType(_F32, 2 * _WIDE), ir.VectorType(_I32, 2 * _WIDE)
 _VF32x8 = ir.VectorType(_F32, _WIDE)
+_VI8 = ir.VectorType(ir.IntType(8), 64)
 
 
 def _splat(value, vtype):
@@ -209,21 +126,19 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
     builder.store(builder.select(finite, builder.fptrunc(v, _VF32x8), c32), c_ptr, align=4)
 
 
-def _emit_anchor(builder, ca_addr, cb_addr, k0, nk):
-    """E of products k0 .. k0+nk-1 for the ROWS x COLS tile: 8 vectors of 16 float32 patterns
-    (as int32), row r, columns 16h .. 16h+15 in vector 2r + h. On uint8 codes, two rows per
-    register (lanes of 4 bytes alternate between the rows of a pair): per k, the pair's two A
-    codes broadcast as one 64-bit word, B's interleaved panel (:func:`pack_codes`), anchor =
-    max(anchor, u ⊖ v) (saturating); then each row's lanes are picked out, zero-extended:
-    E = 2^(code − 126), code 0 standing for every anchor <= 2^-126 (module docstring)."""
-    vi8 = ir.VectorType(ir.IntType(8), 64)
+def _emit_codes(builder, ca_addr, cb_addr, k0, nk):
+    """The anchor codes of products k0 .. k0+nk-1 for the ROWS x COLS tile: ROWS/2 vectors of 64
+    uint8, two rows per register (lanes of 4 bytes alternate between the rows of a pair, as in
+    B's interleaved panel, :func:`pack_codes`): per k, the pair's two A codes broadcast as one
+    64-bit word, code = max(code, u ⊖ v) (saturating). E = 2^(code − 126), code 0 standing for
+    every anchor <= 2^-126 (module docstring)."""
+    usub = _gemm.vector_intrinsic(builder, "llvm.usub.sat.v64i8", _VI8, 2)
+    umax = _gemm.vector_intrinsic(builder, "llvm.umax.v64i8", _VI8, 2)
     vi64 = ir.VectorType(_I64, 8)
-    usub = _gemm.vector_intrinsic(builder, "llvm.usub.sat.v64i8", vi8, 2)
-    umax = _gemm.vector_intrinsic(builder, "llvm.umax.v64i8", vi8, 2)
     a_base = builder.inttoptr(ca_addr, _I64.as_pointer())
-    b_base = builder.inttoptr(cb_addr, vi8.as_pointer())
+    b_base = builder.inttoptr(cb_addr, _VI8.as_pointer())
 
-    def step(k, anchor):
+    def step(k, codes):
         k = builder.add(k, k0)
         b = builder.load(builder.gep(b_base, [k]), align=1)
         out = []
@@ -234,11 +149,18 @@ def _emit_anchor(builder, ca_addr, cb_addr, k0, nk):
                                                        ir.Constant(_I32, 0)), vi64)
             a = builder.bitcast(builder.shuffle_vector(a, ir.Constant(vi64, ir.Undefined),
                                                        ir.Constant(ir.VectorType(_I32, 8),
-                                                                   [0] * 8)), vi8)
-            out.append(builder.call(umax, [anchor[p], builder.call(usub, [a, b])]))
+                                                                   [0] * 8)), _VI8)
+            out.append(builder.call(umax, [codes[p], builder.call(usub, [a, b])]))
         return out
-    pairs = _k_steps(builder, nk, [ir.Constant(vi8, [0] * 64)] * (ROWS // 2), step)
-    zero = ir.Constant(vi8, [0] * 64)
+    return _k_steps(builder, nk, [ir.Constant(_VI8, [0] * 64)] * (ROWS // 2), step)
+
+
+def _code_fields(builder, pairs):
+    """Bytes laid out as :func:`_emit_codes`'s codes (or a function of them, byte by byte) as
+    float32 exponent fields, byte·2^23: 8 int32 vectors, row r, columns 16h .. 16h+15 in vector
+    2r + h (each row's bytes picked out, zero-extended, shifted). E's pattern is
+    code·2^23 + 2^23."""
+    zero = ir.Constant(_VI8, [0] * 64)
     out = []
     for r in range(ROWS):
         for h in range(2):
@@ -248,24 +170,24 @@ def _emit_anchor(builder, ca_addr, cb_addr, k0, nk):
                 mask += [8 * (j // 4) + j % 4 + 4 * (r % 2), 64, 64, 64]
             code = builder.bitcast(builder.shuffle_vector(
                 pairs[r // 2], zero, ir.Constant(ir.VectorType(_I32, 64), mask)), _VI32)
-            out.append(builder.shl(builder.add(code, _splat(127 + _ZERO_EXP, _VI32)),
-                                   _splat(23, _VI32)))
+            out.append(builder.shl(code, _splat(23, _VI32)))
     return out
 
 
-def _emit_sum(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
-    """(E, S) of products k0 .. k0+nk-1 for a ROWS x COLS tile, in registers (8 vectors
-    of 16 lanes each): the anchor pass (E = max pa[k, r]·pb[k, j], from 0, as the unsigned max
-    of float32 patterns: the products are >= +0 and never NaN, and such patterns order as their
-    values — ``llvm.maxnum`` would add a NaN test per step), the scale 2^24/E on
-    float32 patterns (E floored at 2^-64), the sum pass (S = Σ int32(va·vb·scale), ``fptosi``
-    truncating toward zero)."""
-    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
+def _floored_scales(builder, fields):
+    """2^24/E as float32 vectors from :func:`_code_fields` (the pattern (151 − e + 127)·2^23 of
+    E = 2^e), E raised to 2^-64 first (the scale stays finite for every code, 2^88 at most; a
+    group with E < 2^-64 holds only zero products, whose terms are 0 whatever the scale)."""
     vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-    anchor = _emit_anchor(builder, ca_addr, cb_addr, k0, nk)
-    scale = [builder.bitcast(builder.sub(_splat(int(_SCALE_BITS), _VI32), builder.call(
-        vumax, [x, _splat(int(_ANCHOR_FLOOR_BITS), _VI32)])), _VF32) for x in anchor]
-    anchor = [builder.bitcast(x, _VF32) for x in anchor]
+    return [builder.bitcast(builder.sub(_splat(_SCALE_BITS - (1 << 23), _VI32), builder.call(
+        vumax, [x, _splat(_ANCHOR_FLOOR_BITS - (1 << 23), _VI32)])), _VF32) for x in fields]
+
+
+def _emit_sum(builder, va_addr, vb_addr, k0, nk, scale):
+    """S of products k0 .. k0+nk-1 for the ROWS x COLS tile, in registers (8 int32 vectors, as
+    :func:`_code_fields`): S = Σ int32(va·vb·scale) (``fptosi`` truncating toward zero) with the
+    scales 2^24/E of :func:`_scales`."""
+    rows, tiles = ROWS, ROWS * _gemm.COLS // (2 * _WIDE)
 
     def sum_step(k, total):
         k = builder.add(k, k0)
@@ -274,7 +196,16 @@ def _emit_sum(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
         return [builder.add(total[i], builder.fptosi(
             builder.fmul(builder.fmul(a[i // 2], b[i % 2]), scale[i]), _VI32))
             for i in range(tiles)]
-    return anchor, _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+    return _k_steps(builder, nk, [_splat(0, _VI32)] * tiles, sum_step)
+
+
+def _anchors_and_sums(builder, va_addr, ca_addr, vb_addr, cb_addr, k0, nk):
+    """(E, S) of products k0 .. k0+nk-1 for the tile, for the float64 finish: E as float32
+    vectors (at least 2^-126), S by :func:`_emit_sum` (E floored at 2^-64 in the scales)."""
+    fields = _code_fields(builder, _emit_codes(builder, ca_addr, cb_addr, k0, nk))
+    total = _emit_sum(builder, va_addr, vb_addr, k0, nk, _floored_scales(builder, fields))
+    return [builder.bitcast(builder.add(x, _splat(1 << 23, _VI32)), _VF32)
+            for x in fields], total
 
 
 def _k_steps(builder, nk, state, body):
@@ -310,98 +241,151 @@ def _merge_halves(builder, even, odd):
     return anchor, total
 
 
-def _finish_fast(builder, c_ptr, e, s):
-    """The fused rule's finish (``_finish``) on 16 lanes in float32, for E >= 2^-90 (the
-    caller's test): c (16 float32 at c_ptr, in: C, out: D), e (E's float32 pattern, as int32),
-    s (S, int32). An Inf or NaN C stays.
+def _product_down(builder, x, y, x86):
+    """x·y (y a power of two): with ``x86`` rounded toward −∞ (AVX-512 embedded rounding: a
+    product that underflows keeps its sign, −2^-149 at most for a negative one), portably
+    rounded to nearest. Exact where it does not underflow."""
+    if x86:
+        return _x86_call(builder, "llvm.x86.avx512.mul.ps.512", _VF32,
+                         [x, y, ir.Constant(_I32, _ROUND_DOWN)])
+    return builder.fmul(x, y)
 
-    With M = max(E, e(c)) (e(c) >= 2^-126), D = RNE(X0 + A): X0 = floor(c·2^(24−M))·2^(M−24)
-    — c itself when M = e(c) (c lies on that grid), floor(c·2^(24−E))·2^(E−24) when M = E —
-    and A = floor(S·2^(E−M+7))·2^(M−31) = q·2^g with g = max(E−24, e(c)−31) and q = S shifted
-    right (floor) by max(e(c) − E − 7, 0), capped at 31 (|S| < 2^30). Exact steps: the powers
-    of two are float32 patterns (2^g >= 2^-114, 2^(24−E) <= 2^114: normal); c·2^(24−E) is
-    exact where it is at least 1 in magnitude, and where it is smaller only its sign matters
-    (floor 0 or −1: a negative c gives at most −1, even if the product underflows to −0);
-    q = qh·2^14 + ql with |qh| < 2^16, 0 <= ql < 2^14, so A1 = qh·2^(g+14) and A2 = ql·2^g are
-    exact floats with A1 + A2 = A. TwoSum gives X = fl(X0 + A1) and its exact error; every value
-    lies on the grid 2^g and |err| <= ulp(X)/2 with |X| < 2^(M+6), so err + A2 is below
-    2^(M−9), at most 24 bits: exact. D = fl(X + (err + A2)) rounds the exact X0 + A once (an
-    exact zero: +0, as IEEE adds give it)."""
-    vsmax = _gemm.vector_intrinsic(builder, "llvm.smax.v16i32", _VI32, 2)
-    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
-    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+
+def _floor_to_int(builder, product, x, x86):
+    """floor(x·y) as int32 from product = :func:`_product_down` (x, y) (x·y exact or below 1 in
+    magnitude, its floor an int32): with ``x86``, one conversion rounding toward −∞; portably,
+    ``llvm.floor``, and −1 for a negative x whose product underflowed to −0."""
+    if x86:
+        return _x86_call(builder, "llvm.x86.avx512.mask.cvtps2dq.512", _VI32,
+                         [product, _splat(0, _VI32), ir.Constant(ir.IntType(16), 0xFFFF),
+                          ir.Constant(_I32, _ROUND_DOWN)])
     vfloor = _gemm.vector_intrinsic(builder, "llvm.floor.v16f32", _VF32, 1)
     vminnum = _gemm.vector_intrinsic(builder, "llvm.minnum.v16f32", _VF32, 2)
+    floor = builder.call(vfloor, [product])
+    negative = builder.fcmp_ordered("<", x, _splat(0.0, _VF32))
+    floor = builder.select(negative, builder.call(vminnum, [floor, _splat(-1.0, _VF32)]), floor)
+    return builder.fptosi(floor, _VI32)
 
-    def f32(x):
-        return builder.bitcast(x, _VF32)
 
+def _ashr_any(builder, x, count, x86):
+    """x >> count (arithmetic, int32 lanes) for any count >= 0: a count of 32 or more gives
+    x's sign (``llvm.x86.avx512.psrav.d.512``; portably, the count capped at 31)."""
+    if x86:
+        return _x86_call(builder, "llvm.x86.avx512.psrav.d.512", _VI32, [x, count])
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
+    return builder.ashr(x, builder.call(vumin, [count, _splat(31, _VI32)]))
+
+
+def _x86_call(builder, name, ret, args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    fn = builder.module.globals.get(name) or ir.Function(builder.module, fnty, name)
+    return builder.call(fn, args)
+
+
+def _finish_fast(builder, c_ptr, scale, s, x86, finite_c=False):
+    """The fused rule's finish (``mpt.kernels.mfma._finish``) on 16 lanes in int32 and float32,
+    for 2^-90 <= E <= 2^60 and |S| < 2^29 (groups of at most 8: the caller's tests): c (16
+    float32 at c_ptr, in: C, out: D), scale (the float32 pattern of 2^(24−E), as int32), s (S,
+    int32). An Inf or NaN C stays, unless ``finite_c`` (the caller knows every C finite: no test).
+    ``x86``: AVX-512 embedded rounding (:func:`_floor_to_int`, :func:`_ashr_any`).
+
+    The rule: D = RNE(x), x = X0 + A, X0 = floor(c·2^(24−M))·2^(M−24), A =
+    floor(S·2^(E−M+7))·2^(M−31), M = max(E, e(c)) (e(c) >= 2^-126). With d = log2(e(c)/E)
+    (d <= 0 for a zero or subnormal c: its exponent field is 0), the kernel computes x in units
+    of 2^u = max(2^(E−24), 2^(e(c)−29)), i.e. u = E − 24 + v with v = max(d − 5, 0), as the
+    int32 N = floor(c·2^-u) + RO(A·2^-u) (RO: round to odd, floor(y) | (y not an integer)),
+    then D = float32(N)·2^u: the int32 → float32 conversion (RNE) is the one rounding.
+
+    * d <= 5 (v = 0): A = S·2^(E−24) exactly (E − M + 7 >= 2, so S·2^(E−M+7) is an
+      integer): A·2^-u = S. X0 = floor(c·2^(24−E))·2^(E−24) for d <= 0 (M = E), and X0 = c for
+      1 <= d <= 5 (c lies on its grid 2^(M−23), so c·2^-u is an integer, its own floor). N is
+      x·2^-u exactly, |N| < 2^30 + 2^29 (|c| < 2^(M+1) <= 2^(E+6), |S| < 2^29), and
+      D = RNE(N)·2^u = RNE(x): the scaling is exact (|D| >= 2^u >= 2^-114, or D = +0: an exact
+      zero is +0, as the rule's).
+    * d >= 6 (v = d − 5): M = e(c), X0 = c, u = M − 29, and A = s31·2^(M−31) with the rule's
+      s31 = floor(S·2^(7−d)) = (4S) >> v (an arithmetic shift: the floor), so A·2^-u = s31/4,
+      whose RO is s31 >> 2 with bit 0 set where s31's last two bits are not 0 (bit 2 of
+      (s31 + 3) ^ s31). c·2^-u is even (c's grid 2^(M−23)), so N = c·2^-u +
+      RO(A·2^-u) = RO(x·2^-u), |N| < 2^30 + 2^28. And |A| < 2^(E+5) <= 2^(M−1) <= |c|/2, so
+      |x·2^-u| > 2^28: the conversion rounds at a multiple of 2^5 units, its grid points and
+      midpoints are even integers, and N, odd where x·2^-u is not an integer, lies on the same
+      side of every even integer as x·2^-u: RNE(N) = RNE(x·2^-u). D overflows to Inf where
+      RNE(x) does (|N·2^u| < 2^(M+2)).
+
+    The powers of two are float32 patterns (integer adds to the exponent field): 2^u within
+    [2^-114, 2^98], 2^-u at most 2^114: normal. A shift of 32 or more in (4S) >> v gives S's
+    sign, the floor for |4S| < 2^31."""
+    def const(x):
+        return _splat(x, _VI32)
+    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
     c = builder.load(c_ptr, align=4)
-    field = builder.and_(builder.bitcast(c, _VI32), _splat(0x7F800000, _VI32))
-    ec = builder.call(vumax, [field, _splat(_TINY_BITS, _VI32)])
-    shift = builder.sub(builder.ashr(builder.sub(ec, e), _splat(23, _VI32)), _splat(7, _VI32))
-    shift = builder.call(vumin, [builder.call(vsmax, [shift, _splat(0, _VI32)]),
-                                 _splat(31, _VI32)])
-    q = builder.ashr(s, shift)
-    grid = builder.call(vsmax, [builder.sub(e, _splat(24 << 23, _VI32)),
-                                builder.sub(ec, _splat(31 << 23, _VI32))])
-    a1 = builder.fmul(builder.sitofp(builder.ashr(q, _splat(14, _VI32)), _VF32),
-                      f32(builder.add(grid, _splat(14 << 23, _VI32))))
-    a2 = builder.fmul(builder.sitofp(builder.and_(q, _splat(0x3FFF, _VI32)), _VF32), f32(grid))
-    floor_c = builder.call(vfloor, [builder.fmul(c, f32(builder.sub(
-        _splat(int(_SCALE_BITS), _VI32), e)))])
-    negative = builder.fcmp_ordered("<", c, _splat(0.0, _VF32))
-    floor_c = builder.select(negative, builder.call(vminnum, [floor_c, _splat(-1.0, _VF32)]),
-                             floor_c)
-    x0 = builder.select(builder.icmp_unsigned(">=", e, ec),
-                        builder.fmul(floor_c, f32(builder.sub(e, _splat(24 << 23, _VI32)))), c)
-    x = builder.fadd(x0, a1)                                   # TwoSum(x0, a1)
-    bv = builder.fsub(x, x0)
-    err = builder.fadd(builder.fsub(x0, builder.fsub(x, bv)), builder.fsub(a1, bv))
-    d = builder.fadd(x, builder.fadd(err, a2))
-    finite = builder.icmp_unsigned("!=", field, _splat(0x7F800000, _VI32))
-    builder.store(builder.select(finite, d, c), c_ptr, align=4)
+    field = builder.and_(builder.bitcast(c, _VI32), const(0x7F800000))
+    # 2^-u = min(2^(24−E), 2^(29−e(c))): (283 − c's biased exponent)·2^23, unsigned
+    inv = builder.call(vumin, [scale, builder.sub(const((254 + 29) << 23), field)])
+    n_c = _floor_to_int(builder, _product_down(builder, c, builder.bitcast(inv, _VF32), x86),
+                        c, x86)
+    u = builder.sub(const(254 << 23), inv)                          # the pattern of 2^u
+    v = builder.lshr(builder.sub(scale, inv), const(23))
+    q = _ashr_any(builder, builder.shl(s, const(2)), v, x86)
+    # q + 3 carries into bit 2 exactly where q's last two bits are not 0: bit 2 of (q + 3) ^ q
+    n_a = builder.ashr(builder.or_(q, builder.and_(builder.xor(builder.add(q, const(3)), q),
+                                                   const(4))), const(2))
+    d = builder.fmul(builder.sitofp(builder.add(n_c, n_a), _VF32), builder.bitcast(u, _VF32))
+    if not finite_c:
+        d = builder.select(builder.icmp_unsigned("!=", field, const(0x7F800000)), d, c)
+    builder.store(d, c_ptr, align=4)
 
 
-_FAST_E_BITS = (127 - 90) << 23   # E >= 2^-90: _finish_fast's range
+_FAST_CODE = 126 - 90             # E >= 2^-90 (code >= 36): _finish_fast's range
+_FAST_GROUP = 8                   # products per group (|S| < 2^29): _finish_fast's range
 
 
-def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves):
+def _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, k0, nk, halves,
+                finite_c=False):
     """One group of nk products (an int: unrolled, or an i64 value), k0 .. k0+nk-1, for the
-    ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: (E, S) by
-    :func:`_emit_sum` (FP8, ``halves``: of the first and the second nk/2 products, the even-k
-    and odd-k ones after ``mpt.engines.amd.MFMAOperands`` reordered K, merged by
-    :func:`_merge_halves`), then :func:`_finish_lanes` (FP8: dropping a far C)."""
+    ROWS x COLS float32 tile at tile_addr (row stride ldc floats), in registers: the anchor
+    codes (:func:`_emit_codes`); where every E of the tile is at least 2^-90 and nk <= 8, S
+    with unfloored scales (:func:`_emit_sum`) and :func:`_finish_fast`, else (E, S) by
+    :func:`_anchors_and_sums` (FP8, ``halves``: of the first and the second nk/2 products, the
+    even-k and odd-k ones after ``mpt.engines.amd.MFMAOperands`` reordered K, merged by
+    :func:`_merge_halves`) and :func:`_finish_lanes` (FP8: dropping a far C)."""
+    base = builder.inttoptr(tile_addr, _F32.as_pointer())
     sums = (va_addr, ca_addr, vb_addr, cb_addr)
     if halves:
         half = nk // 2 if isinstance(nk, int) else builder.lshr(nk, _gemm.const(1))
         second = builder.add(k0, _gemm.const(half) if isinstance(half, int) else half)
-        anchor, total = _merge_halves(builder, _emit_sum(builder, *sums, k0, half),
-                                      _emit_sum(builder, *sums, second, half))
-    else:
-        anchor, total = _emit_sum(builder, *sums, k0, nk)
-    base = builder.inttoptr(tile_addr, _F32.as_pointer())
-    if halves:
+        anchor, total = _merge_halves(builder, _anchors_and_sums(builder, *sums, k0, half),
+                                      _anchors_and_sums(builder, *sums, second, half))
         _finish_wide(builder, base, ldc, anchor, total, halves)
         return
-    # every E of the tile >= 2^-90: the float32 finish, else the float64 one
-    low = builder.bitcast(anchor[0], _VI32)
-    vumin = _gemm.vector_intrinsic(builder, "llvm.umin.v16i32", _VI32, 2)
-    for x in anchor[1:]:
-        low = builder.call(vumin, [low, builder.bitcast(x, _VI32)])
-    lanes = builder.icmp_unsigned(">=", low, _splat(_FAST_E_BITS, _VI32))
-    fast = builder.icmp_unsigned("==", builder.bitcast(lanes, ir.IntType(16)),
-                                 ir.Constant(ir.IntType(16), 0xFFFF))
+    if isinstance(nk, int) and nk > _FAST_GROUP:
+        _finish_wide(builder, base, ldc, *_anchors_and_sums(builder, *sums, k0, nk), halves)
+        return
+    pairs = _emit_codes(builder, ca_addr, cb_addr, k0, nk)
+    umin = _gemm.vector_intrinsic(builder, "llvm.umin.v64i8", _VI8, 2)
+    low = pairs[0]
+    for x in pairs[1:]:
+        low = builder.call(umin, [low, x])
+    lanes = builder.icmp_unsigned(">=", low, ir.Constant(_VI8, [_FAST_CODE] * 64))
+    fast = builder.icmp_unsigned("==", builder.bitcast(lanes, _I64), ir.Constant(_I64, -1))
+    if not isinstance(nk, int):
+        fast = builder.and_(fast, builder.icmp_signed("<=", nk, _gemm.const(_FAST_GROUP)))
     with builder.if_else(fast) as (then, otherwise):
         with then:
-            for i, (x, total_i) in enumerate(zip(anchor, total)):
+            # 277 − code (mod 256; in [22, 241] for code >= 36): the field of 2^24/E
+            scale = _code_fields(builder, [builder.sub(ir.Constant(_VI8, [277 - 256] * 64), x)
+                                           for x in pairs])
+            total = _emit_sum(builder, va_addr, vb_addr, k0, nk,
+                              [builder.bitcast(x, _VF32) for x in scale])
+            for i, (x, total_i) in enumerate(zip(scale, total)):
                 offset = builder.add(builder.mul(_gemm.const(i // 2), ldc),
                                      _gemm.const(i % 2 * 2 * _WIDE))
                 _finish_fast(builder, builder.bitcast(builder.gep(base, [offset]),
                                                       _VF32.as_pointer()),
-                             builder.bitcast(x, _VI32), total_i)
+                             x, total_i, X86_ROUNDING, finite_c)
         with otherwise:
-            _finish_wide(builder, base, ldc, anchor, total, halves)
+            _finish_wide(builder, base, ldc, *_anchors_and_sums(builder, *sums, k0, nk),
+                         halves)
 
 
 def _finish_wide(builder, base, ldc, anchor, total, halves):
@@ -421,18 +405,52 @@ def _finish_wide(builder, base, ldc, anchor, total, halves):
                                          _VF64), halves)
 
 
+# every C of a tile finite when a tile call starts: every C of the call stays finite (a group
+# adds |A| < 2^66 to |c|, and RNE(x) overflows only from FLT_MAX + 2^103), so the float32
+# finish needs no test for Inf or NaN
+_FINITE_BITS = 0x7F800000
+
+
+def _tile_below(builder, tile_addr, ldc, bits):
+    """Whether every |C| of the ROWS x COLS tile at tile_addr is below the float32 pattern
+    ``bits`` (an i1): the unsigned max of the magnitude patterns (an Inf or NaN is above every
+    finite pattern)."""
+    vumax = _gemm.vector_intrinsic(builder, "llvm.umax.v16i32", _VI32, 2)
+    base = builder.inttoptr(tile_addr, _I32.as_pointer())
+    top = None
+    for i in range(ROWS * 2):
+        offset = builder.add(builder.mul(_gemm.const(i // 2), ldc), _gemm.const(i % 2 * 2 * _WIDE))
+        x = builder.and_(builder.load(builder.bitcast(builder.gep(base, [offset]),
+                                                      _VI32.as_pointer()), align=4),
+                         _splat(0x7FFFFFFF, _VI32))
+        top = x if top is None else builder.call(vumax, [top, x])
+    below = builder.icmp_unsigned("<", top, _splat(bits, _VI32))
+    return builder.icmp_unsigned("==", builder.bitcast(below, ir.IntType(16)),
+                                 ir.Constant(ir.IntType(16), 0xFFFF))
+
+
 def _tile_kernel(group, halves):
     """A tile kernel ``(tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups)``
     (intp arguments): ngroups groups of nk products (of ``group``, an int, when not 0: nk is
-    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`)."""
+    ignored and each group unrolled) one after the other onto the tile (:func:`_emit_group`); with
+    a finish without Inf/NaN tests when every C of the tile is finite (``_FINITE_BITS``)."""
     def emit(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr, nk, ngroups):
         size = _gemm.const(group) if group else nk
 
-        def one_group(g, state):
-            _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
-                        builder.mul(g, size), group or nk, halves)
-            return state
-        _gemm.k_loop(builder, ngroups, [], one_group)
+        def groups(finite_c):
+            def one_group(g, state):
+                _emit_group(builder, tile_addr, ldc, va_addr, ca_addr, vb_addr, cb_addr,
+                            builder.mul(g, size), group or nk, halves, finite_c)
+                return state
+            _gemm.k_loop(builder, ngroups, [], one_group)
+        if halves:
+            groups(False)
+            return
+        with builder.if_else(_tile_below(builder, tile_addr, ldc, _FINITE_BITS)) as (then, other):
+            with then:
+                groups(True)
+            with other:
+                groups(False)
 
     @intrinsic
     def tile(typingctx, tile_addr, ldc, va, pa, vb, pb, nk, ngroups):
@@ -458,28 +476,64 @@ def fused_chain_packed(vap, cap, vbp, cbp, acc, ia, ib, k0, k1, group, halves):
 
     vap: (Ba, Mt, K, ROWS) float32 values of A packed by ``gemm.pack_rows``, cap its anchor
     codes (:func:`pack_codes`); vbp: (Bb, Nt, K, COLS) of B by ``gemm.pack_cols``, cbp: (Bb,
-    Nt, K, 2·COLS) its codes; acc: (B,
-    Mt·ROWS, Nt·COLS) float32, C-contiguous, in: C, out: D. Tasks are (batch, column panel,
-    ``gemm.ROW_TILES`` row tiles); each calls a tile kernel per row tile and k-slice of _KC.
+    Nt, K, 2·COLS) its codes; acc: (B, Mt·ROWS, Nt·COLS) float32, in: C, out: D; every array
+    C-contiguous (ValueError otherwise). Tasks are (batch, column panel, ``gemm.ROW_TILES`` row
+    tiles); each calls a tile kernel per row tile and k-slice of _KC.
     """
+    if not (vap.flags.c_contiguous and cap.flags.c_contiguous and vbp.flags.c_contiguous
+            and cbp.flags.c_contiguous and acc.flags.c_contiguous):
+        raise ValueError("fused_chain_packed takes C-contiguous packed operands and accumulator")
     nb, ldc = acc.shape[0], acc.shape[2]
-    mt, nt = vap.shape[1], vbp.shape[1]
+    mt, nt, nk, cols = vap.shape[1], vbp.shape[1], vap.shape[2], _gemm.COLS
     groups = (mt + _gemm.ROW_TILES - 1) // _gemm.ROW_TILES
     step = max(_KC // group, 1) * group
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
         jt = t // groups % nt
         g = t % groups
-        va_z, ca_z, vb_p, cb_p = vap[ia[z]], cap[ia[z]], vbp[ib[z], jt], cbp[ib[z], jt]
+        # byte addresses (every array C-contiguous): no array views per tile call
+        va, ca = vap[ia[z]].ctypes.data, cap[ia[z]].ctypes.data
+        vb, cb = vbp[ib[z], jt].ctypes.data, cbp[ib[z], jt].ctypes.data
+        tile = acc[z].ctypes.data + 4 * jt * cols
         for kc in range(k0, k1, step):
             ngroups = min(step, k1 - kc) // group
             for it in range(g * _gemm.ROW_TILES, min(mt, (g + 1) * _gemm.ROW_TILES)):
-                args = (acc[z, it * ROWS:, jt * _gemm.COLS:].ctypes.data, ldc,
-                        va_z[it, kc:].ctypes.data, ca_z[it, kc:].ctypes.data,
-                        vb_p[kc:].ctypes.data, cb_p[kc:].ctypes.data, group, ngroups)
+                a_off = 4 * (it * nk + kc) * ROWS
+                args = (tile + 4 * it * ROWS * ldc, ldc, va + a_off, ca + a_off,
+                        vb + 4 * kc * cols, cb + 2 * kc * cols, group, ngroups)
                 if halves:
                     _groups_fp8(*args)
                 elif group == 8:
                     _groups_of_8(*args)
                 else:
                     _groups(*args)
+
+
+def _finish_kernel(x86):
+    """An intrinsic ``(c_addr, e_addr, s_addr)``: :func:`_finish_fast` on 16 lanes in memory."""
+    @intrinsic
+    def finish(typingctx, c_addr, e_addr, s_addr):
+        def codegen(context, builder, signature, args):
+            c_ptr, e_ptr, s_ptr = (builder.inttoptr(x, t.as_pointer())
+                                   for x, t in zip(args, (_VF32, _VI32, _VI32)))
+            scale = builder.sub(_splat(_SCALE_BITS, _VI32), builder.load(e_ptr, align=4))
+            _finish_fast(builder, c_ptr, scale, builder.load(s_ptr, align=4), x86)
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp, types.intp), codegen
+    return finish
+
+
+_finish16, _finish16_portable = _finish_kernel(X86_ROUNDING), _finish_kernel(False)
+
+
+@njit(cache=True)
+def finish_fast(c, e, s, portable):
+    """:func:`_finish_fast` over arrays, 16 lanes at a time (tests check it against
+    ``mpt.kernels.mfma``'s finish): c ((16n,) float32, in: C, out: D), e ((16n,) int32 float32
+    patterns of E, 2^-90 <= E <= 2^60), s ((16n,) int32, |S| < 2^29); ``portable``: the IR
+    without AVX-512 intrinsics (what other hosts run)."""
+    for i in range(0, c.size, 16):
+        if portable:
+            _finish16_portable(c[i:].ctypes.data, e[i:].ctypes.data, s[i:].ctypes.data)
+        else:
+            _finish16(c[i:].ctypes.data, e[i:].ctypes.data, s[i:].ctypes.data)
