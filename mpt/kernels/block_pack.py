@@ -10,9 +10,9 @@ are finite and the range of the nominal exponents ea + eb of their non-zero prod
 8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
 one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
 (:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
-float32, or fp16/bf16 widened to float32 as they are read (:func:`source`) —, in any layout:
-no decoded or contiguous copy comes first. Exact: values are copied bit for bit (fp16 and bf16
-widen exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
+float32, or bf16 widened to float32 as it is read (:func:`source`) —, in any layout: no
+decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16 widens
+exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
 that the loops vectorize.
 """
 from __future__ import annotations
@@ -23,30 +23,26 @@ from numba import njit, prange
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
 from mpt.kernels.gemm import along_k
 from mpt.kernels.mma import f32_bits, f32_from_bits
-from mpt.kernels.rounding import fp16_as_f32_bits
 
-__all__ = ["F32", "BF16", "FP16", "source", "operand_ranges", "product_range", "finite_range",
+__all__ = ["F32", "BF16", "source", "operand_ranges", "product_range", "finite_range",
            "finite_range_2d", "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack",
            "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
-F32, BF16, FP16 = 0, 1, 2   # how the packers read an operand's patterns (:func:`source`)
+F32, BF16 = 0, 1            # how the packers read an operand's patterns (:func:`source`)
 _SLICE_WORDS = 4096          # words of a panel packed at a time from rows contiguous along k
                              # (16 KiB: a third of L1)
 
 
 def source(x: np.ndarray):
     """(bit patterns, kind) of an operand as the packers read it: float32 as uint32 (kind
-    F32), bfloat16 / float16 storage as uint16 (BF16 / FP16), widened as read; a view of x."""
+    F32), bfloat16 storage as uint16 (BF16), widened as read; a view of x."""
     if x.dtype == np.float32:
         return x.view(np.uint32), F32
-    if x.dtype == np.float16:
-        return x.view(np.uint16), FP16
     if x.dtype.name == "bfloat16":
         return x.view(np.uint16), BF16
-    raise TypeError(f"the block packers read float32, float16 or bfloat16 operands; got "
-                    f"{x.dtype}")
+    raise TypeError(f"the block packers read float32 or bfloat16 operands; got {x.dtype}")
 
 
 @njit(inline="always")
@@ -54,8 +50,6 @@ def _pattern(x, kind):
     """The float32 pattern (uint32) of a source pattern of ``kind`` (:func:`source`): exact."""
     if kind == BF16:
         return np.uint32(x) << np.uint32(16)
-    if kind == FP16:
-        return fp16_as_f32_bits(x)
     return np.uint32(x)
 
 
@@ -182,7 +176,7 @@ def _pack(x, width, codes_dtype):
 
 def operand_ranges(a, b, emin_a, emin_b):
     """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
-    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32, float16 or bfloat16
+    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 or bfloat16
     (any strides). The product range is exact for one batch element: min over k of (lowest over
     column k of A + lowest over row k of B), and so on."""
     out = []
@@ -202,7 +196,7 @@ def operand_ranges(a, b, emin_a, emin_b):
 
 
 def pack_block_rows(a: np.ndarray, emin: int, shift: int):
-    """A (B, M, K) float32, float16 or bfloat16 (any strides) -> (values (B, Mt, K, BLOCK_ROWS)
+    """A (B, M, K) float32 or bfloat16 (any strides) -> (values (B, Mt, K, BLOCK_ROWS)
     float32, anchor codes (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each
     byte four times); ``shift``: s_a of :func:`tile_params`."""
     values, codes = _pack(a, BLOCK_ROWS, np.uint32)
@@ -211,7 +205,7 @@ def pack_block_rows(a: np.ndarray, emin: int, shift: int):
 
 
 def pack_block_cols(b: np.ndarray, emin: int, shift: int):
-    """B (B, K, N) float32, float16 or bfloat16 (any strides) -> (values (B, Nt, K, BLOCK_COLS)
+    """B (B, K, N) float32 or bfloat16 (any strides) -> (values (B, Nt, K, BLOCK_COLS)
     float32, anchor codes (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros);
     ``shift``: s_b of :func:`tile_params` (>= every eb)."""
     values, codes = _pack(b.transpose(0, 2, 1), BLOCK_COLS, np.uint8)
@@ -274,25 +268,23 @@ def product_range(lo_a, hi_a, lo_b, hi_b):
 # ---- many small products: one dot product per lane --------------------------------------------
 
 @njit(cache=True, parallel=True)
-def _pack_lanes(a, kind_a, b, kind_b, ia, ib, field_min_a, field_min_b, shift_a, shift_b, va,
-                ea, vb, eb):
+def _pack_lanes(a, kind_a, b, kind_b, ia, ib, m, n, k, field_min_a, field_min_b, shift_a,
+                shift_b, va, ea, vb, eb):
     """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
     code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros);
-    a, b: patterns of their kinds (:func:`source`)."""
-    m, n, k = a.shape[1], b.shape[2], a.shape[2]
+    a, b: the C-contiguous (Ba, M, K) and (Bb, K, N) patterns of their kinds (:func:`source`),
+    flattened."""
     total = ia.size * m * n
     for p in prange(va.shape[0]):
         w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
-        za, zb = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
-        rows, cols = np.empty(BLOCK_COLS, np.int64), np.empty(BLOCK_COLS, np.int64)
         for w in range(w_n):
             d = p * BLOCK_COLS + w
             z = d // (m * n)
-            za[w], zb[w], rows[w], cols[w] = ia[z], ib[z], d // n % m, d % n
-        for w in range(w_n):
+            row = (ia[z] * m + d // n % m) * k             # A[ia[z], i, 0]
+            col = ib[z] * k * n + d % n                    # B[ib[z], 0, j]
             for kk in range(k):
-                va[p, kk, w] = _pattern(a[za[w], rows[w], kk], kind_a)
-                vb[p, kk, w] = _pattern(b[zb[w], kk, cols[w]], kind_b)
+                va[p, kk, w] = _pattern(a[row + kk], kind_a)
+                vb[p, kk, w] = _pattern(b[col + kk * n], kind_b)
         for kk in range(k):
             for w in range(w_n, BLOCK_COLS):
                 va[p, kk, w], vb[p, kk, w] = 0, 0
@@ -303,17 +295,19 @@ def _pack_lanes(a, kind_a, b, kind_b, ia, ib, field_min_a, field_min_b, shift_a,
 
 
 def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
-    """A (Ba, M, K) and B (Bb, K, N) float32, float16 or bfloat16 (any strides) of a broadcast
-    batch (ia, ib) as lane panels for :func:`block_chain_lanes`: (values A, codes A, values B,
-    codes B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) (float32 values, uint8 codes);
+    """A (Ba, M, K) and B (Bb, K, N) float32 or bfloat16 (any strides) of a broadcast batch
+    (ia, ib) as lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes
+    B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) (float32 values, uint8 codes);
     ``shifts``: (s_a, s_b) of :func:`tile_params`."""
     k = a.shape[2]
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
     ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
-    _pack_lanes(*source(a), *source(b), ia, ib, np.uint32(emin_a + 127),
-                np.uint32(emin_b + 127), np.int32(shifts[0] - 127), np.int32(shifts[1] + 127),
-                va.view(np.uint32), ea, vb.view(np.uint32), eb)
+    (bits_a, kind_a), (bits_b, kind_b) = (source(np.ascontiguousarray(x)) for x in (a, b))
+    _pack_lanes(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
+                b.shape[2], k, np.uint32(emin_a + 127), np.uint32(emin_b + 127),
+                np.int32(shifts[0] - 127), np.int32(shifts[1] + 127), va.view(np.uint32), ea,
+                vb.view(np.uint32), eb)
     return va, ea, vb, eb
 
 
