@@ -166,7 +166,8 @@ def main():
     global CLOCK
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024])
-    parser.add_argument("--quick", action="store_true", help="only the presets with a target (absolute or relative)")
+    parser.add_argument("--quick", action="store_true",
+                        help="only the presets with a target (absolute or relative)")
     parser.add_argument("--small", action="store_true",
                         help="only the many-small-products table (2 threads and 1)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -177,9 +177,9 @@ def register_scaling(name: str, quantize, stateful: bool = False,
     """Register a scaling rule: ``quantize(stored, values, quantization, state, axis) ->
     Operand`` where ``stored`` is the tensor's storage array, ``values()`` returns its exact
     float32 values (decoded on the first call only: a rule that hands the MMA the stored array
-    never pays for the decode), ``state`` the layer's state for the role (``stateful`` rules) and ``axis`` the reduction axis
-    of the GEMM that uses it (``per_axis`` rules quantize a tensor once per axis it is used
-    along; the others once)."""
+    never pays for the decode), ``state`` the layer's state for the role (``stateful`` rules)
+    and ``axis`` the reduction axis of the GEMM that uses it (``per_axis`` rules quantize a
+    tensor once per axis it is used along; the others once)."""
     _SCALINGS[name] = (quantize, stateful, per_axis)
 
 

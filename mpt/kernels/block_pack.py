@@ -10,8 +10,8 @@ are finite and the range of the nominal exponents ea + eb of their non-zero prod
 8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
 one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
 (:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
-float32, or bf16 widened to float32 as it is read (:func:`source`) —, in any layout: no
-decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16 widens
+float32, or bf16 widened to float32 as it is read (``mpt.kernels.gemm.source``) —, in any
+layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16 widens
 exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
 that the loops vectorize.
 """
@@ -21,38 +21,15 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
-from mpt.kernels.gemm import along_k
+from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
-__all__ = ["F32", "BF16", "source", "operand_ranges", "product_range", "finite_range",
+__all__ = ["operand_ranges", "product_range", "finite_range",
            "finite_range_2d", "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack",
            "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
-F32, BF16 = 0, 1            # how the packers read an operand's patterns (:func:`source`)
-_SLICE_WORDS = 4096          # words of a panel packed at a time from rows contiguous along k
-                             # (16 KiB: a third of L1)
-
-
-def source(x: np.ndarray):
-    """(bit patterns, kind) of an operand as the packers read it: float32 as uint32 (kind
-    F32), bfloat16 storage as uint16 (BF16), widened as read; a view of x."""
-    if x.dtype == np.float32:
-        return x.view(np.uint32), F32
-    if x.dtype.name == "bfloat16":
-        return x.view(np.uint16), BF16
-    raise TypeError(f"the block packers read float32 or bfloat16 operands; got {x.dtype}")
-
-
-@njit(inline="always")
-def _pattern(x, kind):
-    """The float32 pattern (uint32) of a source pattern of ``kind`` (:func:`source`): exact."""
-    if kind == BF16:
-        return np.uint32(x) << np.uint32(16)
-    return np.uint32(x)
-
-
 @njit(inline="always")
 def _field(x, field_min):
     """The nominal exponent of a float32 pattern x (uint32) as a biased field, at least
@@ -75,16 +52,16 @@ def _widen(low, high, x, field_min):
 def _ranges_k(bits, kind, field_min, lo, hi):
     """lo/hi[t, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] over the
     batches z ≡ t (mod T = lo.shape[0]) (_NONE_LO / 0 if none; 255: Inf or NaN). bits: (B, R,
-    K) patterns of ``kind``, contiguous along K. (Direct indexing, no row views: the loops
-    vectorize.)"""
+    K) patterns of ``kind`` (``mpt.kernels.gemm.source``), contiguous along K. (Direct
+    indexing, no row views: the loops vectorize.)"""
     nb, nr, k = bits.shape
     tasks = lo.shape[0]
     for t in prange(tasks):
         for z in range(t, nb, tasks):
             for i in range(nr):
                 for kk in range(k):
-                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk],
-                                                  _pattern(bits[z, i, kk], kind), field_min)
+                    x = as_f32_pattern(bits[z, i, kk], kind)
+                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk], x, field_min)
 
 
 @njit(cache=True, parallel=True)
@@ -97,7 +74,8 @@ def _ranges_r(bits, kind, field_min, lo, hi):
             for kk in range(k):
                 low, high = lo[t, kk], hi[t, kk]
                 for i in range(nr):
-                    low, high = _widen(low, high, _pattern(bits[z, i, kk], kind), field_min)
+                    x = as_f32_pattern(bits[z, i, kk], kind)
+                    low, high = _widen(low, high, x, field_min)
                 lo[t, kk], hi[t, kk] = low, high
 
 
@@ -118,37 +96,6 @@ def _code_b(x, field_min, shift):
     return np.uint8(code) if nonzero else np.uint8(255)
 
 
-@njit(cache=True, parallel=True)
-def _pack_values(bits, kind, along, vout):
-    """vout[z, p, k, w] = the float32 pattern of bits[z, p·W + w, k] (0 past R): panels of width
-    W = vout.shape[3] along the axis R of bits (B, R, K), patterns of ``kind``, read in memory
-    order (``along``: K is the faster axis). Direct indexing, no row views: the loops
-    vectorize."""
-    nb, nr, k = bits.shape
-    npanel, width = vout.shape[1], vout.shape[3]
-    for t in prange(nb * npanel):
-        z, p = t // npanel, t % npanel
-        w_n = min(width, nr - p * width)
-        r0 = p * width
-        if along and width * k <= 4 * _SLICE_WORDS:
-            for w in range(w_n):
-                for kk in range(k):
-                    vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
-        elif along:   # a panel past L1 (64 KiB): in slices of k whose part of it stays there
-            step = _SLICE_WORDS // width
-            for k0 in range(0, k, step):
-                for w in range(w_n):
-                    for kk in range(k0, min(k, k0 + step)):
-                        vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
-        else:
-            for kk in range(k):
-                for w in range(w_n):
-                    vout[z, p, kk, w] = _pattern(bits[z, r0 + w, kk], kind)
-        for kk in range(k):
-            for w in range(w_n, width):
-                vout[z, p, kk, w] = 0
-
-
 @njit(cache=True)
 def _codes_a(values, field_min, shift, eout):
     """eout = A's anchor code (:func:`_code_a`) of each packed value (uint32 patterns)."""
@@ -166,11 +113,10 @@ def _codes_b(values, field_min, shift, eout):
 
 
 def _pack(x, width, codes_dtype):
-    """Panels of x (B, R, K) (any strides, :func:`source`'s dtypes) of ``width`` along R, as
+    """Panels of x (B, R, K) (float32 or bfloat16, any strides) of ``width`` along R, as
     float32, and an empty array for their codes."""
     nb, nr, k = x.shape
-    values = np.empty((nb, -(-nr // width), k, width), np.float32)
-    _pack_values(*source(x), along_k(x), values.view(np.uint32))
+    values = pack_panels(x, np.empty((nb, -(-nr // width), k, width), np.float32))
     return values, np.empty(values.shape, codes_dtype)
 
 
@@ -272,8 +218,8 @@ def _pack_lanes(a, kind_a, b, kind_b, ia, ib, m, n, k, field_min_a, field_min_b,
                 shift_b, va, ea, vb, eb):
     """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
     code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros);
-    a, b: the C-contiguous (Ba, M, K) and (Bb, K, N) patterns of their kinds (:func:`source`),
-    flattened."""
+    a, b: the C-contiguous (Ba, M, K) and (Bb, K, N) patterns of their kinds
+    (``mpt.kernels.gemm.source``), flattened."""
     total = ia.size * m * n
     for p in prange(va.shape[0]):
         w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
@@ -283,8 +229,8 @@ def _pack_lanes(a, kind_a, b, kind_b, ia, ib, m, n, k, field_min_a, field_min_b,
             row = (ia[z] * m + d // n % m) * k             # A[ia[z], i, 0]
             col = ib[z] * k * n + d % n                    # B[ib[z], 0, j]
             for kk in range(k):
-                va[p, kk, w] = _pattern(a[row + kk], kind_a)
-                vb[p, kk, w] = _pattern(b[col + kk * n], kind_b)
+                va[p, kk, w] = as_f32_pattern(a[row + kk], kind_a)
+                vb[p, kk, w] = as_f32_pattern(b[col + kk * n], kind_b)
         for kk in range(k):
             for w in range(w_n, BLOCK_COLS):
                 va[p, kk, w], vb[p, kk, w] = 0, 0

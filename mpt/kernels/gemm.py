@@ -37,8 +37,9 @@ from numba.core.extending import intrinsic
 from mpt.kernels.fma import fma32
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "along_k", "pack_panels", "pack_rows",
-           "pack_cols", "pack_tiles", "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes",
+__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "source", "as_f32_pattern",
+           "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
+           "direct_rows", "fma_chain", "fma_lanes",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
            # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
@@ -230,25 +231,56 @@ _anchor_tile = _tile_intrinsic(_emit_anchor, 5)
 _sum_tile = _tile_intrinsic(_emit_sum, 5)
 
 
+F32, BF16 = 0, 1         # how the packers read an operand's patterns (:func:`source`)
+_SLICE_WORDS = 4096      # words of a panel packed at a time from rows contiguous along k (16 KiB:
+                         # a third of L1)
+
+
+def source(x: np.ndarray):
+    """(bit patterns, kind) of an operand as the packers read it: 32-bit values as uint32
+    (kind F32), bfloat16 storage as uint16 (BF16), widened to float32 as read; a view of x."""
+    if x.dtype.itemsize == 4:
+        return x.view(np.uint32), F32
+    if x.dtype.name == "bfloat16":
+        return x.view(np.uint16), BF16
+    raise TypeError(f"the packers read 32-bit or bfloat16 values; got {x.dtype}")
+
+
+@njit(inline="always")
+def as_f32_pattern(x, kind):
+    """The 32-bit pattern of a source pattern of ``kind`` (:func:`source`): a bf16 pattern is
+    the top half of its float32's (exact)."""
+    if kind == BF16:
+        return np.uint32(x) << np.uint32(16)
+    return np.uint32(x)
+
+
 @njit(cache=True, parallel=True)
-def _pack_values(bits, vout, along_k):
-    """vout[z, p, k, w] = bits[z, p·W + w, k] (0 past R): panels of width W = vout.shape[3]
-    along the axis R of bits (B, R, K), uint32, read in memory order (``along_k``: K is the
-    faster axis). Direct indexing, no row views: the copy loops vectorize."""
+def _pack_values(bits, kind, along, vout):
+    """vout[z, p, k, w] = the 32-bit pattern of bits[z, p·W + w, k] (0 past R): panels of width
+    W = vout.shape[3] along the axis R of bits (B, R, K), patterns of ``kind``, read in memory
+    order (``along``: K is the faster axis). Direct indexing, no row views: the loops
+    vectorize."""
     nb, nr, k = bits.shape
     npanel, width = vout.shape[1], vout.shape[3]
     for t in prange(nb * npanel):
         z, p = t // npanel, t % npanel
         w_n = min(width, nr - p * width)
         r0 = p * width
-        if along_k:
+        if along and width * k <= 4 * _SLICE_WORDS:
             for w in range(w_n):
                 for kk in range(k):
-                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
+                    vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
+        elif along:   # a panel past L1 (64 KiB): in slices of k whose part of it stays there
+            step = _SLICE_WORDS // width
+            for k0 in range(0, k, step):
+                for w in range(w_n):
+                    for kk in range(k0, min(k, k0 + step)):
+                        vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
         else:
             for kk in range(k):
                 for w in range(w_n):
-                    vout[z, p, kk, w] = bits[z, r0 + w, kk]
+                    vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
         for kk in range(k):
             for w in range(w_n, width):
                 vout[z, p, kk, w] = 0
@@ -261,10 +293,11 @@ def along_k(x: np.ndarray) -> bool:
 
 def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[z, p, k, w] = x[z, p·W + w, k], zero past R: panels of width W = out.shape[3] along
-    the axis R of x (B, R, K) (32-bit values, any strides: read in memory order, no copy)."""
-    if x.dtype.itemsize != 4 or out.dtype.itemsize != 4:
-        raise TypeError(f"pack_panels packs 32-bit values; got {x.dtype} into {out.dtype}")
-    _pack_values(x.view(np.uint32), out.view(np.uint32), along_k(x))
+    the axis R of x (B, R, K) (32-bit values, or bfloat16 widened to float32 as read; any
+    strides: read in memory order, no copy)."""
+    if out.dtype.itemsize != 4:
+        raise TypeError(f"pack_panels packs into 32-bit values; got {out.dtype}")
+    _pack_values(*source(x), along_k(x), out.view(np.uint32))
     return out
 
 
