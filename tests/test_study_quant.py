@@ -120,8 +120,10 @@ def test_lora_every_base_improves_and_full_fine_tune_is_best(lora_rows):
     for fmt, loss in zip(SQ.LORA_FORMATS, losses):
         assert full < loss < none - (none - full) / 4, (fmt, loss)
     assert max(losses) - min(losses) < 0.01
-    # the stored bases of the four Linears (qkv 96x32, out 32x32, fc1 128x32, fc2 32x128)
-    shapes = [(96, 32), (32, 32), (128, 32), (32, 128)]
+    # the stored bases of each block's four Linears (qkv 3d x d, out d x d, fc1 4d x d, fc2
+    # d x 4d; d = d_model)
+    d = STUDY.d_model
+    shapes = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d)] * STUDY.n_layers
     w = sum(o * i for o, i in shapes)
     assert rows["no fine-tune"].base_bytes == 4 * w
     assert rows["lora r=4 fp16"].base_bytes == rows["lora r=4 bf16"].base_bytes == 2 * w
