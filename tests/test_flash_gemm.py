@@ -46,8 +46,8 @@ def test_tile_mm_bits_equal_the_oracle(model, m, n, kk, a_t, b_t, exps, zero_c, 
         (rng.standard_normal((m, n)) * 2.0 ** exps[2]).astype(np.float32)   # (m, n)
     c = acc_tile(m, n, np.float32)
     c[:m, :n] = c0
-    a3 = np.ascontiguousarray(a.T if a_t else a)[None]    # (1, kk, m) read transposed, or (1, m, kk)
-    b3 = np.ascontiguousarray(b.T if b_t else b)[None]    # (1, n, kk) read transposed, or (1, kk, n)
+    a3 = np.ascontiguousarray(a.T if a_t else a)[None]   # (1, kk, m) read transposed, or (1, m, kk)
+    b3 = np.ascontiguousarray(b.T if b_t else b)[None]   # (1, n, kk) read transposed, or (1, kk, n)
     _tile_mm(c, a3, np.bool_(a_t), b3, np.bool_(b_t), m, n, kk,
              engine_params(spec, False, emin))
     want = RA.mma(c0, a, b, spec, emin)

@@ -19,7 +19,8 @@ from mpt.formats import get_format
 from mpt.kernels import block_gemm as K
 from mpt.kernels import block_pack as BP
 from mpt.kernels import gemm as G
-from mpt.kernels.rounding import canonical_nan, narrow_bf16, narrow_fp16, widen_bf16, widen_fp16
+from mpt.kernels.rounding import (canonical_nan, narrow16, narrow_bf16, narrow_fp16, widen16,
+                                  widen_bf16, widen_fp16)
 from mpt.reference.mma import mma_reference
 
 BF16 = ml_dtypes.bfloat16
@@ -302,6 +303,24 @@ def test_widening_every_16_bit_pattern():
         assert np.array_equal(out, h.view(np.float16).astype(np.float32).view(np.uint32))
         widen_bf16(h, out)
         assert np.array_equal(out, h.astype(np.uint32) << 16)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_widen16_and_narrow16_round_trip_every_pattern_in_any_layout(dtype):
+    """widen16 gives the exact float32 of every 16-bit pattern (column-major input too) and
+    narrow16 gives the pattern back (NaNs: a NaN of the same sign); other dtypes are refused."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256).T   # (256, 256)
+    x = widen16(h.view(dtype))
+    with np.errstate(invalid="ignore"):
+        assert np.array_equal(x.view(np.uint32), h.view(dtype).astype(np.float32).view(np.uint32))
+    back = narrow16(x, dtype).view(np.uint16)
+    nan = np.isnan(x)
+    assert np.array_equal(back[~nan], h[~nan])
+    assert np.array_equal(back[nan] & 0x8000, h[nan] & 0x8000) and \
+        np.isnan(back[nan].view(dtype).astype(np.float32)).all()
+    for bad in (lambda: widen16(x), lambda: narrow16(x, np.float32)):
+        with pytest.raises(TypeError, match="float16 or bfloat16"):
+            bad()
 
 
 def test_canonical_nan_every_16_bit_pattern_and_float32_classes():

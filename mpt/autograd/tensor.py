@@ -38,10 +38,7 @@ from mpt.autograd import conversion as _conversion
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
 from mpt.formats import Format, get_format
-from mpt.kernels.rounding import narrow_bf16 as _narrow_bf16
-from mpt.kernels.rounding import narrow_fp16 as _narrow_fp16
-from mpt.kernels.rounding import widen_bf16 as _widen_bf16
-from mpt.kernels.rounding import widen_fp16 as _widen_fp16
+from mpt.kernels.rounding import narrow16, widen16
 from mpt.rounding import round as round_format
 
 __all__ = [
@@ -91,10 +88,7 @@ def opmath(x: np.ndarray) -> np.ndarray:
     if dtype == np.float32 or dtype == np.float64:
         return x
     if dtype == _BF16 or dtype == np.float16:   # exact, vectorized (no FP conversion of NaNs)
-        out = np.empty(x.shape, np.float32)
-        (_widen_bf16 if dtype == _BF16 else _widen_fp16)(
-            np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
-        return out
+        return widen16(x)
     with np.errstate(invalid="ignore"):  # signalling-NaN patterns: the conversion quiets them
         return x.astype(np.float32)  # fp8, ...: widening is exact
 
@@ -106,7 +100,7 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     rounding) a round-to-nearest-even into a format they name follows them instead.
 
     Round-to-nearest-even casts float32 → bf16 and float32 → fp16 take the vectorized kernels
-    ``mpt.kernels.rounding.narrow_bf16`` / ``narrow_fp16``, float64 → fp32/fp16 numpy's
+    (``mpt.kernels.rounding.narrow16``), float64 → fp32/fp16 numpy's
     ``astype``, a single correctly rounded RNE conversion for exactly these pairs; all of them
     give ``mpt.round``'s bits (tested on random bit patterns, and on every float32 with
     ``-m exhaustive``) but for NaN payloads (a NaN stays a NaN of its sign; fp16 keeps the top
@@ -121,12 +115,8 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     rules = _conversion.current_rules()
     if rules is not None and mode == "nearest_even" and fmt.name in rules.formats:
         return _conversion.convert(x, fmt, rules)  # the target's rule (mpt.autograd.conversion)
-    if mode == "nearest_even" and x.dtype == np.float32 and fmt.name in ("bf16", "fp16") and \
-            not fmt.custom:
-        out = np.empty(x.shape, fmt.dtype)
-        (_narrow_bf16 if fmt.name == "bf16" else _narrow_fp16)(
-            np.ascontiguousarray(x).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
-        return out
+    if mode == "nearest_even" and x.dtype == np.float32 and fmt.name in ("bf16", "fp16"):
+        return narrow16(x, fmt.dtype)
     if mode == "nearest_even" and (x.dtype, fmt.name) in _ASTYPE_RNE:
         with np.errstate(over="ignore", invalid="ignore"):
             return x.astype(fmt.dtype)

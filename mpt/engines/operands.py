@@ -27,7 +27,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
-from mpt.kernels.rounding import widen_bf16, widen_fp16
+from mpt.kernels.rounding import widen16
 from mpt.rounding import decode
 from mpt.rounding import round as _round
 
@@ -65,10 +65,7 @@ def values32(x: np.ndarray, fmt: str) -> np.ndarray:
     if x.dtype.itemsize == 1:
         return decode(x)               # exact; faster than ml_dtypes' casts for 8-bit formats
     if fmt in ("fp16", "bf16"):        # exact; faster than numpy's / ml_dtypes' casts
-        out = np.empty(x.shape, np.float32)
-        (widen_fp16 if fmt == "fp16" else widen_bf16)(
-            np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
-        return out
+        return widen16(x)
     return x.astype(np.float32)
 
 

@@ -54,8 +54,7 @@ def operand(v, work):
 def as_rows(x: np.ndarray) -> np.ndarray:
     """``x`` as a C-contiguous (R, N) array of rows along its last axis, R the product of the
     other dimensions (also when N = 0, where ``reshape(-1, 0)`` is ambiguous)."""
-    return np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]),
-                                           x.shape[-1])
+    return np.ascontiguousarray(x).reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 def normalize_dim(dim: int, ndim: int, op: str) -> int:

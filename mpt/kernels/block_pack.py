@@ -11,8 +11,8 @@ are finite and the range of the nominal exponents ea + eb of their non-zero prod
 one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
 (:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
 float32, or bf16 widened to float32 as it is read (``mpt.kernels.gemm.source``) —, in any
-layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16 widens
-exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
+layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16
+widens exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
 that the loops vectorize.
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
 from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
-__all__ = ["operand_ranges", "product_range", "finite_range",
-           "finite_range_2d", "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack",
-           "tile_codes"]
+__all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
+           "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack", "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
+
+
 @njit(inline="always")
 def _field(x, field_min):
     """The nominal exponent of a float32 pattern x (uint32) as a biased field, at least
@@ -260,11 +261,11 @@ def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
 @njit(cache=True)
 def tile_pack(x, field_min, vout, lo, hi):
     """Panels of x (R, K) float32 (any strides) for a tile call: vout[p, k, w] = x[p·W + w, k]
-    (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and lo/hi[k]
-    widened by the
-nominal exponent fields of the non-zero values of column k (see :func:`_ranges_k`).
-    The copy follows x's memory order (runs along a column, or 8 x 8 blocks of rows), the ranges
-    run over the packed panels, so that the loops vectorize. Returns the number of panels."""
+    (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and
+    lo/hi[k] widened by the nominal exponent fields of the non-zero values of column k (see
+    :func:`_ranges_k`). The copy follows x's memory order (runs along a column, or 8 x 8 blocks
+    of rows), the ranges run over the packed panels, so that the loops vectorize. Returns the
+    number of panels."""
     nr, k = x.shape
     width = vout.shape[2]
     npanel = (nr + width - 1) // width

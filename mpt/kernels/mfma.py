@@ -46,7 +46,7 @@ from numba.core.extending import overload
 from mpt.formats import get_format
 from mpt.kernels.fma import fma32, fma64
 from mpt.kernels.mma import pow2_floor, recip_pow2
-from mpt.kernels.rounding import widen_bf16, widen_fp16
+from mpt.kernels.rounding import widen16
 
 __all__ = ["DEFAULT_NAN32", "DEFAULT_NAN64", "BIG_NAN32", "decode", "decode_scales",
            "fma_chain", "pairwise_chain", "fused_chain", "MX_BLOCK"]
@@ -85,9 +85,7 @@ def decode(x, fmt, *, flush=False) -> np.ndarray:
         v.view(np.uint32)[np.isnan(v)] |= np.uint32(0x00400000)
         return v
     if f.name in ("fp16", "bf16") and x.dtype == f.dtype:  # exact, faster than casts
-        v = np.empty(x.shape, np.float32)
-        bits = v.reshape(-1).view(np.uint32)
-        (widen_fp16 if f.name == "fp16" else widen_bf16)(x.reshape(-1).view(np.uint16), bits)
+        v = widen16(x)
         nan = np.isnan(v)
         if nan.any():                      # the payload is in place: quiet it
             v.view(np.uint32)[nan] |= np.uint32(0x00400000)

@@ -63,7 +63,7 @@ __all__ = [
     "RNE", "RNA", "RZ", "RU", "RD", "SR", "MODE_CODES",
     "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source",
     "round_bits", "round_bits_words", "round_bits_philox", "specialised", "decode_bits",
-    "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16",
+    "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16", "widen16", "narrow16",
     "canonical_nan",
 ]
 
@@ -467,7 +467,8 @@ def widen_bf16(h, out):
 def narrow_fp16(x, out):
     """out = fp16 bit patterns of float32 bit patterns x ((n,) uint32 -> (n,) uint16), rounded
     to nearest-even, the IEEE conversion: a magnitude of at least 2^16 is Inf (or a NaN, whose
-    payload keeps its top 10 bits, at least 1: numpy's conversion, and ``mpt.round``'s); below
+    payload keeps its top 10 bits, at least 1, as numpy's conversion does; ``mpt.round`` gives
+    the quiet NaN 0x7E00 with the sign instead); below
     2^-14 (fp16 subnormals) one float32 addition of 2^-1 rounds at the grid of 2^-24 (the
     hardware's RNE), and the sum's low bits are the code; otherwise the exponent is rebiased and
     adding 0xFFF plus the kept parity bit carries exactly when the 13 dropped bits are above a
@@ -500,6 +501,31 @@ def narrow_bf16(x, out):
         out[i] = np.uint16(((b >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
                            if nan else rounded)
 
+
+def _half(dtype) -> bool:
+    """Whether ``dtype`` is float16 (True) or bfloat16 (False); TypeError for anything else."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16 or dtype.name == "bfloat16":
+        return dtype == np.float16
+    raise TypeError(f"expected a float16 or bfloat16 dtype; got {dtype}")
+
+
+def widen16(x: np.ndarray) -> np.ndarray:
+    """The float32 values of a float16 or bfloat16 array x (any layout), exactly, NaN payloads
+    kept: :func:`widen_fp16` / :func:`widen_bf16`."""
+    out = np.empty(x.shape, np.float32)
+    (widen_fp16 if _half(x.dtype) else widen_bf16)(
+        np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+    return out
+
+
+def narrow16(x: np.ndarray, dtype) -> np.ndarray:
+    """A float32 array x (any layout) rounded to nearest-even into float16 or bfloat16
+    ``dtype``: :func:`narrow_fp16` / :func:`narrow_bf16`."""
+    out = np.empty(x.shape, dtype)
+    (narrow_fp16 if _half(dtype) else narrow_bf16)(
+        np.ascontiguousarray(x).reshape(-1).view(np.uint32), out.reshape(-1).view(np.uint16))
+    return out
 
 
 @njit(cache=True)
