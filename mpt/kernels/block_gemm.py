@@ -150,12 +150,14 @@ def _emit_sum(builder, va_addr, vb_addr, n, s_addr, rows, lanes):
         b = panel_vectors(builder, vb_addr, k, BLOCK_COLS)
         if lanes:
             a = panel_vectors(builder, va_addr, k, BLOCK_COLS)
-            products = [builder.fmul(a[i], b[i]) for i in range(2)]
         else:
             a = panel_splats(builder, va_addr, k, rows)
-            products = [builder.fmul(a[i // 2], b[i % 2]) for i in range(2 * rows)]
-        return [builder.add(total[i], builder.fptosi(builder.fmul(products[i], scale[i]), _VI32))
-                for i in range(len(total))]
+        out = []
+        for i in range(len(total)):   # one term after the other: no product waits in a register
+            product = builder.fmul(a[i] if lanes else a[i // 2], b[i % 2])
+            term = builder.fptosi(builder.fmul(product, scale[i]), _VI32)
+            out.append(builder.add(total[i], term))
+        return out
     return k_loop(builder, n, [_vconst(_VI32, 0)] * (2 * rows), step)
 
 
