@@ -390,27 +390,31 @@ def test_narrow_bf16_equals_mpt_round():
         assert np.array_equal(out, x.view(np.float32).astype(BF16).view(np.uint16))
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["rows", "columns"])
-def test_block_packers_widen_bf16_storage_as_they_read(layout):
-    """Block panels and anchor codes packed from bf16 storage (every finite pattern, both
-    layouts, a ragged last panel) equal those packed from the exactly widened float32 values
-    (ml_dtypes' cast)."""
-    fmt = "bf16"
-    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(BF16)
+def test_block_packers_widen_16_bit_storage_as_they_read(fmt, layout):
+    """Block panels, anchor codes and exponent ranges packed from bf16 / fp16 storage (every
+    finite pattern, both layouts, ragged last panels) equal those packed from the exactly
+    widened float32 values (ml_dtypes' / numpy's cast), and the ranges read off the panels
+    equal those read in place."""
+    dtype = BF16 if fmt == "bf16" else np.float16
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
     h = h[np.isfinite(h.astype(np.float32))][:61 * 997].reshape(1, 61, 997)    # (B, R, K)
     if layout == "columns":
         h = np.ascontiguousarray(h.transpose(0, 2, 1)).transpose(0, 2, 1)
     x32 = h.astype(np.float32)
     emin = get_format(fmt).emin
-    for pack, shift in ((BP.pack_block_rows, 40), (BP.pack_block_cols, 60)):
-        x, y = (h, x32) if pack is BP.pack_block_rows else (h.transpose(0, 2, 1),
-                                                             x32.transpose(0, 2, 1))
-        got, want = pack(x, emin, shift), pack(y, emin, shift)
-        assert got[0].shape == want[0].shape and got[0].dtype == np.float32
-        assert np.array_equal(_bits(got[0]), _bits(want[0]))
-        assert np.array_equal(got[1], want[1])
-    assert BP.operand_ranges(h, h.transpose(0, 2, 1), emin, emin) == \
-        BP.operand_ranges(x32, x32.transpose(0, 2, 1), emin, emin)
+    (va, vb), ranges = BP.pack_block_values(h, h.transpose(0, 2, 1), emin, emin)
+    (wa, wb), want_ranges = BP.pack_block_values(x32, x32.transpose(0, 2, 1), emin, emin)
+    assert ranges == want_ranges == BP.operand_ranges(h, h.transpose(0, 2, 1), emin, emin)
+    top = get_format(fmt).emax                          # (every finite pattern is there)
+    assert ranges[0] and ranges[1][2] == ranges[1][3] == top
+    for got, want in ((va, wa), (vb, wb)):
+        assert got.shape == want.shape and got.dtype == np.float32
+        assert np.array_equal(_bits(got), _bits(want))
+    codes, want_codes = (BP.block_codes(*v, emin, emin, (40, 60)) for v in ((va, vb), (wa, wb)))
+    for got, want in zip(codes, want_codes):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
 def test_packers_read_any_layout():

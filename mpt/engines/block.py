@@ -68,11 +68,9 @@ class BlockOperands(PackedOperands):
                       max=get_format(name).emin - 1)
 
     def decode(self, x, fmt):
-        """bf16 operands stay as stored: the tile packers widen them as they read them (a shift;
-        ``mpt.kernels.block_pack``), and :meth:`prepare` decodes them for the other kernels.
-        (fp16's widening is arithmetic: decoding first, vectorized, then packing float32 is
-        faster.)"""
-        if fmt == "bf16" and x.dtype.name == "bfloat16":
+        """bf16 and fp16 operands stay as stored: the tile packers widen them as they read them
+        (``mpt.kernels.gemm.source``), and :meth:`prepare` decodes them for the other kernels."""
+        if (fmt, x.dtype.name) in (("bf16", "bfloat16"), ("fp16", "float16")):
             return x
         return super().decode(x, fmt)
 
@@ -117,7 +115,10 @@ class BlockOperands(PackedOperands):
             self.rows, self.cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
             self.orient()
         ea, eb = (get_format(f).emin for f in (self.formats[::-1] if self.swap else self.formats))
-        finite, ranges = _pack.operand_ranges(self.a, self.b, ea, eb)
+        if lanes:
+            finite, ranges = _pack.operand_ranges(self.a, self.b, ea, eb)
+        else:
+            values, (finite, ranges) = _pack.pack_block_values(self.a, self.b, ea, eb)
         prm = np.zeros(8, np.int32)
         variant, shift_a, shift_b = _block.tile_params(
             self.cfg.block, self.cfg.fraction_bits, e_zero, precision, emin, rne16, *ranges,
@@ -134,8 +135,8 @@ class BlockOperands(PackedOperands):
                                       (shift_a, shift_b))
         else:
             self.mode = "tiles"
-            self.a = _pack.pack_block_rows(self.a, ea, shift_a)
-            self.b = _pack.pack_block_cols(self.b, eb, shift_b)
+            codes = _pack.block_codes(*values, ea, eb, (shift_a, shift_b))
+            self.a, self.b = zip(values, codes)
         self.acc_dtype = np.float32
         return True
 

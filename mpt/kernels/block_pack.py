@@ -17,6 +17,7 @@ that the loops vectorize.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -25,7 +26,7 @@ from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
 __all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
-           "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack", "tile_codes"]
+           "pack_block_values", "block_codes", "pack_lanes", "tile_pack", "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
@@ -97,67 +98,96 @@ def _code_b(x, field_min, shift):
     return np.uint8(code) if nonzero else np.uint8(255)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _codes_a(values, field_min, shift, eout):
     """eout = A's anchor code (:func:`_code_a`) of each packed value (uint32 patterns)."""
     flat, codes = values.reshape(-1), eout.reshape(-1)
-    for i in range(flat.size):
+    for i in prange(flat.size):
         codes[i] = _code_a(flat[i], field_min, shift)
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _codes_b(values, field_min, shift, eout):
     """eout = B's anchor code (:func:`_code_b`) of each packed value (uint32 patterns)."""
     flat, codes = values.reshape(-1), eout.reshape(-1)
-    for i in range(flat.size):
+    for i in prange(flat.size):
         codes[i] = _code_b(flat[i], field_min, shift)
 
 
-def _pack(x, width, codes_dtype):
-    """Panels of x (B, R, K) (float32 or bfloat16, any strides) of ``width`` along R, as
-    float32, and an empty array for their codes."""
+@njit(cache=True, parallel=True)
+def _panel_ranges(bits, field_min, lo, hi):
+    """lo/hi[t, i]: lowest/highest non-zero nominal exponent field (_NONE_LO / 0 if none; 255:
+    Inf or NaN) of element i = k·W + w of the packed panels bits (Q, K·W) (uint32 patterns)
+    whose index q ≡ t (mod T = lo.shape[0]). Element by element along contiguous rows: the
+    loops vectorize."""
+    nq, size = bits.shape
+    tasks = lo.shape[0]
+    for t in prange(tasks):
+        for q in range(t, nq, tasks):
+            for i in range(size):
+                lo[t, i], hi[t, i] = _widen(lo[t, i], hi[t, i], bits[q, i], field_min)
+
+
+def _ranges_of_panels(values, emin):
+    """(lo, hi)[k]: the lowest/highest non-zero nominal exponent field of column k of packed
+    panels values (B, P, K, W) float32 (_NONE_LO / 0 if none, 255: Inf or NaN). One partial
+    range per thread (min and max: the result does not depend on their number)."""
+    nb, npanel, k, width = values.shape
+    bits = values.view(np.uint32).reshape(nb * npanel, k * width)
+    tasks = max(1, min(bits.shape[0], numba.get_num_threads()))
+    lo = np.full((tasks, k * width), _NONE_LO, np.uint32)
+    hi = np.zeros((tasks, k * width), np.uint32)
+    _panel_ranges(bits, np.uint32(emin + 127), lo, hi)
+    return (lo.reshape(tasks, k, width).min(axis=(0, 2)),
+            hi.reshape(tasks, k, width).max(axis=(0, 2)))
+
+
+def _panels(x, width):
+    """Panels of x (B, R, K) (float32, bfloat16 or float16, any strides) of ``width`` along R,
+    as float32 (``mpt.kernels.gemm.pack_panels``)."""
     nb, nr, k = x.shape
-    values = pack_panels(x, np.empty((nb, -(-nr // width), k, width), np.float32))
-    return values, np.empty(values.shape, codes_dtype)
+    return pack_panels(x, np.empty((nb, -(-nr // width), k, width), np.float32))
+
+
+def _ranges(lo_a, hi_a, lo_b, hi_b):
+    """:func:`product_range` as (finite?, (lowest, highest, top A, top B) or None)."""
+    finite, *ranges = product_range(lo_a, hi_a, lo_b, hi_b)
+    return (True, tuple(int(x) for x in ranges)) if finite else (False, None)
 
 
 def operand_ranges(a, b, emin_a, emin_b):
     """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
-    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32 or bfloat16
-    (any strides). The product range is exact for one batch element: min over k of (lowest over
-    column k of A + lowest over row k of B), and so on."""
+    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32, bfloat16 or
+    float16 (any strides), read in place. The product range is exact for one batch element:
+    min over k of (lowest over column k of A + lowest over row k of B), and so on."""
     out = []
     for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
         tasks = min(x.shape[0], 8)
         lo = np.full((tasks, x.shape[2]), _NONE_LO, np.uint32)
         hi = np.zeros((tasks, x.shape[2]), np.uint32)
         (_ranges_k if along_k(x) else _ranges_r)(*source(x), np.uint32(emin + 127), lo, hi)
-        out.append((lo.min(axis=0).astype(np.int64), hi.max(axis=0).astype(np.int64)))
-    (la, ha), (lb, hb) = out
-    if max(ha.max(initial=0), hb.max(initial=0)) == 0xFF:
-        return False, None
-    both = (ha > 0) & (hb > 0)                         # k with a non-zero product
-    lowest = int((la + lb)[both].min(initial=_NO_EXP)) - 254
-    highest = int((ha + hb)[both].max(initial=-_NO_EXP)) - 254
-    return True, (lowest, highest, int(ha.max(initial=0)) - 127, int(hb.max(initial=0)) - 127)
+        out += [lo.min(axis=0), hi.max(axis=0)]
+    return _ranges(*out)
 
 
-def pack_block_rows(a: np.ndarray, emin: int, shift: int):
-    """A (B, M, K) float32 or bfloat16 (any strides) -> (values (B, Mt, K, BLOCK_ROWS)
-    float32, anchor codes (B, Mt, K, BLOCK_ROWS) uint32: max(ea + shift, 0), 0 for zeros, each
-    byte four times); ``shift``: s_a of :func:`tile_params`."""
-    values, codes = _pack(a, BLOCK_ROWS, np.uint32)
-    _codes_a(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift - 127), codes)
-    return values, codes
+def pack_block_values(a: np.ndarray, b: np.ndarray, emin_a: int, emin_b: int):
+    """The tile kernels' value panels of A (B, M, K) and B (B, K, N) (float32, bfloat16 or
+    float16, any strides): ((A's (B, Mt, K, BLOCK_ROWS), B's (B, Nt, K, BLOCK_COLS)) float32,
+    (finite?, ranges) as :func:`operand_ranges` gives them, read off the panels (their padding
+    zeros count for nothing)."""
+    va, vb = _panels(a, BLOCK_ROWS), _panels(b.transpose(0, 2, 1), BLOCK_COLS)
+    return (va, vb), _ranges(*_ranges_of_panels(va, emin_a), *_ranges_of_panels(vb, emin_b))
 
 
-def pack_block_cols(b: np.ndarray, emin: int, shift: int):
-    """B (B, K, N) float32 or bfloat16 (any strides) -> (values (B, Nt, K, BLOCK_COLS)
-    float32, anchor codes (B, Nt, K, BLOCK_COLS) uint8: min(shift − eb, 255), 255 for zeros);
-    ``shift``: s_b of :func:`tile_params` (>= every eb)."""
-    values, codes = _pack(b.transpose(0, 2, 1), BLOCK_COLS, np.uint8)
-    _codes_b(values.view(np.uint32), np.uint32(emin + 127), np.int32(shift + 127), codes)
-    return values, codes
+def block_codes(va: np.ndarray, vb: np.ndarray, emin_a: int, emin_b: int, shifts):
+    """The anchor codes of :func:`pack_block_values`'s panels: A's (B, Mt, K, BLOCK_ROWS)
+    uint32 (max(ea + s_a, 0), 0 for zeros, each byte four times), B's (B, Nt, K, BLOCK_COLS)
+    uint8 (min(s_b − eb, 255), 255 for zeros); ``shifts``: (s_a, s_b) of :func:`tile_params`
+    (s_b >= every eb)."""
+    ca, cb = np.empty(va.shape, np.uint32), np.empty(vb.shape, np.uint8)
+    _codes_a(va.view(np.uint32), np.uint32(emin_a + 127), np.int32(shifts[0] - 127), ca)
+    _codes_b(vb.view(np.uint32), np.uint32(emin_b + 127), np.int32(shifts[1] + 127), cb)
+    return ca, cb
 
 
 def finite_range(x):

@@ -36,8 +36,9 @@ from numba.core.extending import intrinsic
 
 from mpt.kernels.fma import fma32
 from mpt.kernels.mma import block_finish, block_scale, block_start
+from mpt.kernels.rounding import fp16_as_f32
 
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "source", "as_f32_pattern",
+__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source", "as_f32_pattern",
            "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
            "direct_rows", "fma_chain", "fma_lanes",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
@@ -231,27 +232,33 @@ _anchor_tile = _tile_intrinsic(_emit_anchor, 5)
 _sum_tile = _tile_intrinsic(_emit_sum, 5)
 
 
-F32, BF16 = 0, 1         # how the packers read an operand's patterns (:func:`source`)
+F32, BF16, FP16 = 0, 1, 2   # how the packers read an operand's patterns (:func:`source`)
 _SLICE_WORDS = 4096      # words of a panel packed at a time from rows contiguous along k (16 KiB:
                          # a third of L1)
 
 
 def source(x: np.ndarray):
     """(bit patterns, kind) of an operand as the packers read it: 32-bit values as uint32
-    (kind F32), bfloat16 storage as uint16 (BF16), widened to float32 as read; a view of x."""
+    (kind F32), bfloat16 and float16 storage as uint16 (BF16, FP16), widened to float32 as read;
+    a view of x."""
     if x.dtype.itemsize == 4:
         return x.view(np.uint32), F32
     if x.dtype.name == "bfloat16":
         return x.view(np.uint16), BF16
-    raise TypeError(f"the packers read 32-bit or bfloat16 values; got {x.dtype}")
+    if x.dtype == np.float16:
+        return x.view(np.uint16), FP16
+    raise TypeError(f"the packers read 32-bit, bfloat16 or float16 values; got {x.dtype}")
 
 
 @njit(inline="always")
 def as_f32_pattern(x, kind):
-    """The 32-bit pattern of a source pattern of ``kind`` (:func:`source`): a bf16 pattern is
-    the top half of its float32's (exact)."""
+    """The 32-bit pattern of a source pattern of ``kind`` (:func:`source`), exact: a bf16
+    pattern is the top half of its float32's; an fp16 pattern widens as IEEE conversion does
+    (``mpt.kernels.rounding.fp16_as_f32``)."""
     if kind == BF16:
         return np.uint32(x) << np.uint32(16)
+    if kind == FP16:
+        return fp16_as_f32(x)
     return np.uint32(x)
 
 
@@ -293,8 +300,8 @@ def along_k(x: np.ndarray) -> bool:
 
 def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[z, p, k, w] = x[z, p·W + w, k], zero past R: panels of width W = out.shape[3] along
-    the axis R of x (B, R, K) (32-bit values, or bfloat16 widened to float32 as read; any
-    strides: read in memory order, no copy)."""
+    the axis R of x (B, R, K) (32-bit values, or bfloat16/float16 widened to float32 as read;
+    any strides: read in memory order, no copy)."""
     if out.dtype.itemsize != 4:
         raise TypeError(f"pack_panels packs into 32-bit values; got {out.dtype}")
     _pack_values(*source(x), along_k(x), out.view(np.uint32))

@@ -63,7 +63,7 @@ __all__ = [
     "RNE", "RNA", "RZ", "RU", "RD", "SR", "MODE_CODES",
     "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source",
     "round_bits", "round_bits_words", "round_bits_philox", "specialised", "decode_bits",
-    "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16", "widen16", "narrow16",
+    "fp16_as_f32", "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16", "widen16", "narrow16",
     "canonical_nan",
 ]
 
@@ -439,20 +439,27 @@ def round_spec(fmt, src_dtype, *, saturate=False, subnormals=True, rbits=32):
     return RoundSpec(**{k: np.int64(v) for k, v in spec.items()})
 
 
+@njit(inline="always")
+def fp16_as_f32(h):
+    """The float32 bit pattern of the fp16 bit pattern h, exactly as IEEE conversion gives it
+    (NaN payloads shifted up 13 bits). The magnitude bits moved up 13 places are the value times
+    2^-112 for every finite fp16 (normal and subnormal), so one float32 multiply by 2^112
+    rebiases it exactly; exponent field 31 (Inf, NaN) maps to 255. Branch-free, so that loops
+    over it vectorize."""
+    x = np.uint32(h)
+    mag = np.uint32((x & np.uint32(0x7FFF)) << np.uint32(13))
+    finite = f32_bits(f32_from_bits(mag) * np.float32(2.0**112))
+    special = mag | np.uint32(0x70000000)            # exponent field 31 -> 255
+    bits = special if (x & np.uint32(0x7C00)) == np.uint32(0x7C00) else finite
+    return bits | ((x & np.uint32(0x8000)) << np.uint32(16))
+
+
 @njit(cache=True)
 def widen_fp16(h, out):
-    """out = the float32 bit patterns of fp16 bit patterns h (both (n,), uint16/uint32), exactly
-    as IEEE conversion gives them (NaN payloads shifted up 13 bits). The magnitude bits moved up
-    13 places are the value times 2^-112 for every finite fp16 (normal and subnormal), so one
-    float32 multiply by 2^112 rebiases it exactly; exponent field 31 (Inf, NaN) maps to 255.
-    Branch-free, so that the loop vectorizes."""
+    """out = the float32 bit patterns of fp16 bit patterns h (both (n,), uint16/uint32):
+    :func:`fp16_as_f32` of each."""
     for i in range(h.size):
-        x = np.uint32(h[i])
-        mag = np.uint32((x & np.uint32(0x7FFF)) << np.uint32(13))
-        finite = f32_bits(f32_from_bits(mag) * np.float32(2.0**112))
-        special = mag | np.uint32(0x70000000)            # exponent field 31 -> 255
-        bits = special if (x & np.uint32(0x7C00)) == np.uint32(0x7C00) else finite
-        out[i] = bits | ((x & np.uint32(0x8000)) << np.uint32(16))
+        out[i] = fp16_as_f32(h[i])
 
 
 @njit(cache=True)
