@@ -439,7 +439,7 @@ def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
 def block_chain_lanes(vap, eap, vbp, ebp, acc, k0, k1, prm, variant):
     """The block model's chain over k in [k0, k1) for independent dot products, one per lane:
     output d (lane d % BLOCK_COLS of panel d // BLOCK_COLS) is acc[d] chained with row d of A
-    and column d of B, packed by ``mpt.kernels.block_pack.pack_lanes`` into (P, K, BLOCK_COLS)
+    and column d of B, packed by ``mpt.kernels.block_pack.lane_codes`` into (P, K, BLOCK_COLS)
     panels (values float32, anchor codes uint8). acc: (P·BLOCK_COLS,) float32, in: c, out: D.
     Returns whether a panel raised the flag (the call's bits are then void). One task per
     panel."""

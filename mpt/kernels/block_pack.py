@@ -8,15 +8,16 @@ coded 0 in A and 255 in B. This module finds what ``tile_params`` needs — whet
 are finite and the range of the nominal exponents ea + eb of their non-zero products
 (:func:`operand_ranges`, :func:`product_range`) — and packs the operands with their codes:
 8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
-one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
-(:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
-float32, or bf16 widened to float32 as it is read (``mpt.kernels.gemm.source``) —, in any
-layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16
-widens exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
-that the loops vectorize.
+one dot product per lane (:func:`lane_values`, which finds the ranges as it packs, then
+:func:`lane_codes`), or a tile call's panels in one pass (:func:`tile_pack`,
+:func:`tile_codes`). The GEMM packers read the operands as stored — float32, or bf16 widened to
+float32 as it is read (``mpt.kernels.gemm.source``) —, in any layout: no decoded or contiguous
+copy comes first. Exact: values are copied bit for bit (bf16 widens exactly); exponents are
+integer fields. Unsigned, select-free arithmetic throughout, so that the loops vectorize.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -25,7 +26,8 @@ from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
 __all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
-           "pack_block_rows", "pack_block_cols", "pack_lanes", "tile_pack", "tile_codes"]
+           "pack_block_rows", "pack_block_cols", "lane_values", "lane_codes", "tile_pack",
+           "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
@@ -214,47 +216,114 @@ def product_range(lo_a, hi_a, lo_b, hi_b):
 
 # ---- many small products: one dot product per lane --------------------------------------------
 
+@njit(inline="always")
+def _lane_offsets(p, width, ia, ib, m, n, k, row, col):
+    """row/col[w] = the offsets of A[ia[z], i, 0] and B[ib[z], 0, j] in the flat operands for
+    output d = (z, i, j) = p·width + w of (B, M, N) (counted up from panel p's first output:
+    no division per lane); returns the number of outputs in panel p."""
+    d0 = p * width
+    w_n = min(width, ia.size * m * n - d0)
+    z, i, j = d0 // (m * n), d0 // n % m, d0 % n
+    for w in range(w_n):
+        row[w] = (ia[z] * m + i) * k
+        col[w] = ib[z] * k * n + j
+        j += 1
+        if j == n:
+            j, i = 0, i + 1
+            if i == m:
+                i, z = 0, z + 1
+    return w_n
+
+
 @njit(cache=True, parallel=True)
-def _pack_lanes(a, kind_a, b, kind_b, ia, ib, m, n, k, field_min_a, field_min_b, shift_a,
-                shift_b, va, ea, vb, eb):
-    """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
-    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros);
-    a, b: the C-contiguous (Ba, M, K) and (Bb, K, N) patterns of their kinds
-    (``mpt.kernels.gemm.source``), flattened."""
-    total = ia.size * m * n
-    for p in prange(va.shape[0]):
-        w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
-        for w in range(w_n):
-            d = p * BLOCK_COLS + w
-            z = d // (m * n)
-            row = (ia[z] * m + d // n % m) * k             # A[ia[z], i, 0]
-            col = ib[z] * k * n + d % n                    # B[ib[z], 0, j]
+def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
+    """va/vb[p, k, w] = A[ia[z], i, k] / B[ib[z], k, j] for output d = (z, i, j) = p·W + w of
+    (B, M, N) (W = va.shape[2]; padding: zeros), copied bit for bit; a, b: the C-contiguous
+    (Ba, M, K) and (Bb, K, N) patterns of their kinds (``mpt.kernels.gemm.source``), flattened.
+    mags[t]: the (top, low) of :func:`_widen_magnitudes` of A's values, then of B's, per (k, w)
+    over the panels of task t (T = mags.shape[0] tasks of consecutive panels): each panel is
+    folded in while it is in cache, element by element, so that the loop vectorizes."""
+    npanel, k, width = va.shape
+    tasks, span = mags.shape[0], k * width
+    for t in prange(tasks):
+        acc = mags[t]
+        acc[0], acc[1], acc[2], acc[3] = 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
+        row, col = np.empty(width, np.int64), np.empty(width, np.int64)
+        for p in range(t * npanel // tasks, (t + 1) * npanel // tasks):
+            w_n = _lane_offsets(p, width, ia, ib, m, n, k, row, col)
             for kk in range(k):
-                va[p, kk, w] = as_f32_pattern(a[row + kk], kind_a)
-                vb[p, kk, w] = as_f32_pattern(b[col + kk * n], kind_b)
-        for kk in range(k):
-            for w in range(w_n, BLOCK_COLS):
-                va[p, kk, w], vb[p, kk, w] = 0, 0
-            for w in range(BLOCK_COLS):
-                ea[p, kk, w] = np.uint8(_code_a(va[p, kk, w], field_min_a, shift_a) &
-                                        np.uint32(0xFF))
-                eb[p, kk, w] = _code_b(vb[p, kk, w], field_min_b, shift_b)
+                for w in range(w_n):
+                    va[p, kk, w] = as_f32_pattern(a[row[w] + kk], kind_a)
+                    vb[p, kk, w] = as_f32_pattern(b[col[w] + kk * n], kind_b)
+                for w in range(w_n, width):
+                    va[p, kk, w], vb[p, kk, w] = 0, 0
+            xa, xb = va[p].reshape(span), vb[p].reshape(span)
+            for j in range(span):
+                acc[0, j], acc[1, j] = _widen_magnitudes(acc[0, j], acc[1, j], xa[j])
+                acc[2, j], acc[3, j] = _widen_magnitudes(acc[2, j], acc[3, j], xb[j])
 
 
-def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
+@njit(cache=True)
+def _lane_ranges(mags, k, field_min_a, field_min_b):
+    """:func:`product_range` of the (top, low) magnitudes of :func:`_lane_values`: per k, the
+    nominal exponent fields of the largest and the smallest non-zero magnitude (monotone in the
+    magnitude; at least the format's field_min; Inf and NaN give 255)."""
+    fields = np.empty((4, k), np.uint32)   # lo/hi field of A's, of B's
+    width = mags.shape[2] // k
+    for kk in range(k):
+        for x, field_min in ((0, field_min_a), (1, field_min_b)):
+            top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+            for t in range(mags.shape[0]):
+                for w in range(kk * width, (kk + 1) * width):
+                    top = max(top, mags[t, 2 * x, w])
+                    low = min(low, mags[t, 2 * x + 1, w])
+            smallest = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
+            fields[2 * x, kk] = max(smallest >> np.uint32(23), field_min) if smallest \
+                else np.uint32(_NONE_LO)
+            fields[2 * x + 1, kk] = max(top >> np.uint32(24), field_min) if top else 0
+    return product_range(fields[0], fields[1], fields[2], fields[3])
+
+
+@njit(cache=True, parallel=True)
+def _lane_codes(va, vb, field_min_a, shift_a, field_min_b, shift_b, ea, eb):
+    """ea/eb = the anchor codes (:func:`_code_a`, :func:`_code_b`; one byte each) of the lane
+    panels va/vb (uint32 patterns, (P, K, W)); one task per panel."""
+    span = va.shape[1] * va.shape[2]
+    for p in prange(va.shape[0]):
+        xa, xb = va[p].reshape(span), vb[p].reshape(span)
+        ca, cb = ea[p].reshape(span), eb[p].reshape(span)
+        for j in range(span):
+            ca[j] = np.uint8(_code_a(xa[j], field_min_a, shift_a) & np.uint32(0xFF))
+            cb[j] = _code_b(xb[j], field_min_b, shift_b)
+
+
+def lane_values(a, b, ia, ib, emin_a, emin_b):
     """A (Ba, M, K) and B (Bb, K, N) float32 or bfloat16 (any strides) of a broadcast batch
-    (ia, ib) as lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes
-    B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) (float32 values, uint8 codes);
-    ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    (ia, ib) as lane panels for :func:`block_chain_lanes`, one output per lane: ((values of A,
+    values of B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) float32, and (finite?,
+    (lowest, highest, top_a, top_b)) as :func:`operand_ranges` gives them for the operands,
+    found in the packing pass: the panels hold every value of A and of B (where the product
+    has an output), under its k, and zeros). :func:`lane_codes` adds the anchor codes."""
     k = a.shape[2]
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
-    ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
+    tasks = max(min(npanel, numba.get_num_threads()), 1)   # (min and max: any split is exact)
+    mags = np.empty((tasks, 4, k * BLOCK_COLS), np.uint32)
     (bits_a, kind_a), (bits_b, kind_b) = (source(np.ascontiguousarray(x)) for x in (a, b))
-    _pack_lanes(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
-                b.shape[2], k, np.uint32(emin_a + 127), np.uint32(emin_b + 127),
-                np.int32(shifts[0] - 127), np.int32(shifts[1] + 127), va.view(np.uint32), ea,
-                vb.view(np.uint32), eb)
+    _lane_values(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
+                 b.shape[2], va.view(np.uint32), vb.view(np.uint32), mags)
+    finite, *ranges = _lane_ranges(mags, k, np.uint32(emin_a + 127), np.uint32(emin_b + 127))
+    return (va, vb), (finite, tuple(int(r) for r in ranges))
+
+
+def lane_codes(va, vb, emin_a, emin_b, shifts):
+    """The lane panels of :func:`lane_values` with their anchor codes, for
+    :func:`block_chain_lanes`: (values A, codes A, values B, codes B) (uint8 codes);
+    ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    ea, eb = np.empty(va.shape, np.uint8), np.empty(vb.shape, np.uint8)
+    _lane_codes(va.view(np.uint32), vb.view(np.uint32), np.uint32(emin_a + 127),
+                np.int32(shifts[0] - 127), np.uint32(emin_b + 127), np.int32(shifts[1] + 127),
+                ea, eb)
     return va, ea, vb, eb
 
 
