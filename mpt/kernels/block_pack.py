@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
-from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
+from mpt.kernels.gemm import along_k, as_f32_pattern, next_output, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
 __all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
@@ -227,11 +227,7 @@ def _lane_offsets(p, width, ia, ib, m, n, k, row, col):
     for w in range(w_n):
         row[w] = (ia[z] * m + i) * k
         col[w] = ib[z] * k * n + j
-        j += 1
-        if j == n:
-            j, i = 0, i + 1
-            if i == m:
-                i, z = 0, z + 1
+        z, i, j = next_output(z, i, j, m, n)
     return w_n
 
 
@@ -240,13 +236,13 @@ def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
     """va/vb[p, k, w] = A[ia[z], i, k] / B[ib[z], k, j] for output d = (z, i, j) = p·W + w of
     (B, M, N) (W = va.shape[2]; padding: zeros), copied bit for bit; a, b: the C-contiguous
     (Ba, M, K) and (Bb, K, N) patterns of their kinds (``mpt.kernels.gemm.source``), flattened.
-    mags[t]: the (top, low) of :func:`_widen_magnitudes` of A's values, then of B's, per (k, w)
-    over the panels of task t (T = mags.shape[0] tasks of consecutive panels): each panel is
+    mags[t] (4, K, W): the (top, low) of :func:`_widen_magnitudes` of A's values, then of B's,
+    per (k, w) over the panels of task t (T = mags.shape[0] tasks of consecutive panels): each panel is
     folded in while it is in cache, element by element, so that the loop vectorizes."""
     npanel, k, width = va.shape
     tasks, span = mags.shape[0], k * width
     for t in prange(tasks):
-        acc = mags[t]
+        acc = mags[t].reshape(4, span)
         acc[0], acc[1], acc[2], acc[3] = 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
         row, col = np.empty(width, np.int64), np.empty(width, np.int64)
         for p in range(t * npanel // tasks, (t + 1) * npanel // tasks):
@@ -264,19 +260,19 @@ def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
 
 
 @njit(cache=True)
-def _lane_ranges(mags, k, field_min_a, field_min_b):
+def _lane_ranges(mags, field_min_a, field_min_b):
     """:func:`product_range` of the (top, low) magnitudes of :func:`_lane_values`: per k, the
     nominal exponent fields of the largest and the smallest non-zero magnitude (monotone in the
     magnitude; at least the format's field_min; Inf and NaN give 255)."""
+    tasks, _, k, width = mags.shape
     fields = np.empty((4, k), np.uint32)   # lo/hi field of A's, of B's
-    width = mags.shape[2] // k
     for kk in range(k):
         for x, field_min in ((0, field_min_a), (1, field_min_b)):
             top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
-            for t in range(mags.shape[0]):
-                for w in range(kk * width, (kk + 1) * width):
-                    top = max(top, mags[t, 2 * x, w])
-                    low = min(low, mags[t, 2 * x + 1, w])
+            for t in range(tasks):
+                for w in range(width):
+                    top = max(top, mags[t, 2 * x, kk, w])
+                    low = min(low, mags[t, 2 * x + 1, kk, w])
             smallest = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
             fields[2 * x, kk] = max(smallest >> np.uint32(23), field_min) if smallest \
                 else np.uint32(_NONE_LO)
@@ -308,11 +304,11 @@ def lane_values(a, b, ia, ib, emin_a, emin_b):
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
     tasks = max(min(npanel, numba.get_num_threads()), 1)   # (min and max: any split is exact)
-    mags = np.empty((tasks, 4, k * BLOCK_COLS), np.uint32)
+    mags = np.empty((tasks, 4, k, BLOCK_COLS), np.uint32)
     (bits_a, kind_a), (bits_b, kind_b) = (source(np.ascontiguousarray(x)) for x in (a, b))
     _lane_values(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
                  b.shape[2], va.view(np.uint32), vb.view(np.uint32), mags)
-    finite, *ranges = _lane_ranges(mags, k, np.uint32(emin_a + 127), np.uint32(emin_b + 127))
+    finite, *ranges = _lane_ranges(mags, np.uint32(emin_a + 127), np.uint32(emin_b + 127))
     return (va, vb), (finite, tuple(int(r) for r in ranges))
 
 
