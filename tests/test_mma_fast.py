@@ -282,7 +282,7 @@ def test_fma_operand_layouts_agree(shape):
 
 
 def test_fma_lanes_equal_tiles():
-    """Batches of small ieee_fma products (one output per iteration) equal the tile kernel."""
+    """Batches of small ieee_fma products (one output per chain) equal the tile kernel."""
     rng = np.random.default_rng(15)
     a = rng.standard_normal((500, 2, 24)).astype(np.float32)
     b = rng.standard_normal((500, 24, 3)).astype(np.float32)
