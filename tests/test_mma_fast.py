@@ -15,13 +15,14 @@ from numba import njit
 
 import mpt
 from mpt.engines.nvidia import BlockOperands
+from mpt.engines.operands import batched, operands_class
 from mpt.formats import get_format
 from mpt.kernels import block_gemm as K
 from mpt.kernels import block_pack as BP
 from mpt.kernels import gemm as G
 from mpt.kernels.rounding import (canonical_nan, narrow16, narrow_bf16, narrow_fp16, widen16,
                                   widen_bf16, widen_fp16)
-from mpt.reference.mma import mma_reference
+from mpt.reference.mma import ieee_fma_reference, mma_reference
 
 BF16 = ml_dtypes.bfloat16
 
@@ -281,7 +282,7 @@ def test_fma_operand_layouts_agree(shape):
 
 
 def test_fma_lanes_equal_tiles():
-    """Batches of small ieee_fma products (one output per iteration) equal the tile kernel."""
+    """Batches of small ieee_fma products (one output per chain) equal the tile kernel."""
     rng = np.random.default_rng(15)
     a = rng.standard_normal((500, 2, 24)).astype(np.float32)
     b = rng.standard_normal((500, 24, 3)).astype(np.float32)
@@ -291,6 +292,68 @@ def test_fma_lanes_equal_tiles():
         big = mpt.mma(np.tile(a[z], (8, 1)), np.tile(b[z], (1, 32)), np.tile(c[z], (8, 32)),
                       model="ieee_fma")
         assert np.array_equal(_bits(small[z]), _bits(big[:2, :3]))
+
+
+def test_fma_lanes_equal_the_oracle():
+    """ieee_fma's lanes — four chains interleaved, a remainder of two, a second task past 256
+    outputs, a broadcast batch, column-major B — give, for every output, the bits of the
+    exact-rational oracle (``ieee_fma_reference``)."""
+    rng = np.random.default_rng(19)
+    scale = 2.0 ** rng.integers(-30, 30, (7, 1, 2, 5))
+    a = (rng.standard_normal((7, 1, 2, 5)) * scale).astype(np.float32)          # (7, 1, M, K)
+    b = np.asfortranarray(rng.standard_normal((11, 5, 3)).astype(np.float32))   # (11, K, N)
+    c = rng.standard_normal((7, 11, 2, 3)).astype(np.float32)
+    model = mpt.get_mma_model("ieee_fma")
+    ops = operands_class("ieee_fma")(model, model.config("fp32", "fp32"), a, b, ("fp32", "fp32"),
+                                     "fp32", (7, 11))
+    assert ops.rows == 0                                  # lanes: 462 outputs, no tiles
+    d = mpt.mma(a, b, c, model="ieee_fma")
+    want = np.array([[[[ieee_fma_reference(a[z, 0, i].tolist(), b[y, :, j].tolist(),
+                                           float(c[z, y, i, j])) for j in range(3)]
+                       for i in range(2)] for y in range(11)] for z in range(7)], np.float32)
+    assert np.array_equal(_bits(d), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16])
+def test_lane_panels_hold_each_outputs_row_and_column(dtype):
+    """lane_values / lane_codes on broadcast batches and strided operands holding zeros and the
+    format's subnormals: lane d of the panels holds row i of A[z] and column j of B[z] for
+    output d = (z, i, j), bit for bit (zeros past the last output); the ranges are
+    numpy's (an Inf included), the codes the formula's (module docstring of
+    block_pack: u = max(ea + s_a, 0), v = min(s_b − eb, 255); a zero 0 and 255)."""
+    rng = np.random.default_rng(20)
+    fmt = get_format(dtype).name
+    emin = get_format(fmt).emin
+    for batch_a, batch_b, m, k, n in [((3, 1), (5,), 1, 16, 1), ((70,), (70,), 2, 7, 3),
+                                      ((1,), (9,), 3, 33, 2), ((4,), (1,), 1, 1, 1)]:
+        a = rng.standard_normal(batch_a + (k, m)).astype(np.float32)
+        b = rng.standard_normal(batch_b + (k, n)).astype(np.float32)
+        a.reshape(-1)[::5] = 0.0
+        b.reshape(-1)[1::7] = 2.0 ** (emin - 2)                    # subnormal in the format
+        a = a.astype(dtype).swapaxes(-1, -2)                       # (..., M, K), column-major
+        b = b.astype(dtype)
+        batch = np.broadcast_shapes(batch_a, batch_b)
+        (a3, ia), (b3, ib) = batched(a, batch), batched(b, batch)
+        (va, vb), (finite, ranges) = BP.lane_values(a3, b3, ia, ib, emin, emin)
+        assert finite and ranges == _ranges_oracle(a3, b3, emin, emin)[1]
+        outputs = batch + (m, n, k)                                # each output's K values
+        rows = np.broadcast_to(a[..., :, None, :], outputs)
+        cols = np.broadcast_to(b.swapaxes(-1, -2)[..., None, :, :], outputs)
+        for got, want in ((va, rows), (vb, cols)):
+            lanes = np.zeros((got.shape[0] * K.BLOCK_COLS, k), np.float32)
+            lanes[:want.size // k] = want.reshape(-1, k).astype(np.float32)
+            panels = lanes.reshape(-1, K.BLOCK_COLS, k).transpose(0, 2, 1)
+            assert np.array_equal(_bits(got), _bits(panels))
+        s_a, s_b = 255 - ranges[2], ranges[3] + 7
+        _, ea, _, eb = BP.lane_codes(va, vb, emin, emin, (s_a, s_b))
+        for got, v, code, zero in ((ea, va, lambda e: np.maximum(e + s_a, 0), 0),
+                                   (eb, vb, lambda e: np.minimum(s_b - e, 255), 255)):
+            field = (_bits(v) >> 23 & 0xFF).astype(np.int64)
+            e = np.maximum(field, emin + 127) - 127
+            assert np.array_equal(got, np.where(v == 0, zero, code(e)).astype(np.uint8))
+        spoiled = np.array(b3)
+        spoiled[-1, -1, -1] = np.inf
+        assert not BP.lane_values(a3, spoiled, ia, ib, emin, emin)[1][0]
 
 
 # ---- exact conversions ----------------------------------------------------------------------
@@ -395,8 +458,8 @@ def test_narrow_bf16_equals_mpt_round():
 def test_block_packers_widen_16_bit_storage_as_they_read(fmt, layout):
     """Block panels, anchor codes and exponent ranges packed from bf16 / fp16 storage (every
     finite pattern, both layouts, ragged last panels) equal those packed from the exactly
-    widened float32 values (ml_dtypes' / numpy's cast), and the ranges read off the panels
-    equal those read in place."""
+    widened float32 values (ml_dtypes' / numpy's cast), and the ranges read off the panels are
+    numpy's."""
     dtype = BF16 if fmt == "bf16" else np.float16
     h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(dtype)
     h = h[np.isfinite(h.astype(np.float32))][:61 * 997].reshape(1, 61, 997)    # (B, R, K)
@@ -406,7 +469,7 @@ def test_block_packers_widen_16_bit_storage_as_they_read(fmt, layout):
     emin = get_format(fmt).emin
     (va, vb), ranges = BP.pack_block_values(h, h.transpose(0, 2, 1), emin, emin)
     (wa, wb), want_ranges = BP.pack_block_values(x32, x32.transpose(0, 2, 1), emin, emin)
-    assert ranges == want_ranges == BP.operand_ranges(h, h.transpose(0, 2, 1), emin, emin)
+    assert ranges == want_ranges == _ranges_oracle(x32, x32.transpose(0, 2, 1), emin, emin)
     top = get_format(fmt).emax                          # (every finite pattern is there)
     assert ranges[0] and ranges[1][2] == ranges[1][3] == top
     for got, want in ((va, wa), (vb, wb)):
@@ -415,6 +478,26 @@ def test_block_packers_widen_16_bit_storage_as_they_read(fmt, layout):
     codes, want_codes = (BP.block_codes(*v, emin, emin, (40, 60)) for v in ((va, vb), (wa, wb)))
     for got, want in zip(codes, want_codes):
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def _ranges_oracle(a, b, emin_a, emin_b):
+    """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, top ea, top
+    eb)) of A (B, M, K) and B (B, K, N) in numpy, from their float32 values: per k, the extreme
+    nominal exponents (max(floor(log2|x|), emin)) of A's column and B's row over the batch."""
+    fields = []
+    for x, emin, axes in ((a, emin_a, (0, 1)), (b, emin_b, (0, 2))):
+        bits = np.asarray(x, np.float32).view(np.uint32)
+        if ((bits >> 23) & 0xFF == 0xFF).any():
+            return False, None
+        e = np.maximum(((bits >> 23) & 0xFF).astype(np.int64) - 127, emin)
+        nonzero = (bits << 1) != 0
+        fields.append((np.where(nonzero, e, 1 << 20).min(axis=axes),
+                       np.where(nonzero, e, -(1 << 20)).max(axis=axes)))
+    (la, ha), (lb, hb) = fields
+    both = (ha > -(1 << 20)) & (hb > -(1 << 20))
+    return True, (int((la + lb)[both].min(initial=1 << 20)),
+                  int((ha + hb)[both].max(initial=-(1 << 20))), int(ha.max(initial=-127)),
+                  int(hb.max(initial=-127)))
 
 
 def test_packers_read_any_layout():

@@ -115,9 +115,9 @@ class BlockOperands(PackedOperands):
             self.rows, self.cols = _block.BLOCK_ROWS, _block.BLOCK_COLS
             self.orient()
         ea, eb = (get_format(f).emin for f in (self.formats[::-1] if self.swap else self.formats))
-        if lanes:
-            finite, ranges = _pack.operand_ranges(self.a, self.b, ea, eb)
-        else:
+        if lanes:   # lane panels, with the ranges found as they are packed
+            values, (finite, ranges) = _pack.lane_values(self.a, self.b, self.ia, self.ib, ea, eb)
+        else:       # tile panels, with the ranges read off them
             values, (finite, ranges) = _pack.pack_block_values(self.a, self.b, ea, eb)
         prm = np.zeros(8, np.int32)
         variant, shift_a, shift_b = _block.tile_params(
@@ -131,8 +131,7 @@ class BlockOperands(PackedOperands):
         self.highest, self.c_low = ranges[1], self.cfg.fraction_bits - 125
         if lanes:
             self.mode = "lanes"
-            self.a = _pack.pack_lanes(self.a, self.b, self.ia, self.ib, ea, eb,
-                                      (shift_a, shift_b))
+            self.a = _pack.lane_codes(*values, ea, eb, (shift_a, shift_b))
         else:
             self.mode = "tiles"
             codes = _pack.block_codes(*values, ea, eb, (shift_a, shift_b))

@@ -28,7 +28,7 @@ class FmaOperands(PackedOperands):
     """FP32 accumulator; the register-blocked FMA kernel (``fma_chain``). A is read in place,
     whole row tiles, where its layout allows it (``direct_rows``); its last partial row tile,
     and B, are packed into zero-padded panels straight from their own layout (no contiguous
-    copy first). Many small products, which tiles would pad, run one output per iteration
+    copy first). Many small products, which tiles would pad, run one output per chain
     (``fma_lanes``) on the operands as they are."""
 
     acc_dtype = np.float32

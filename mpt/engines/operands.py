@@ -91,6 +91,8 @@ def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
     if x.ndim == 2 and not batch:                  # one matrix: the common case, kept cheap
         return x[None], np.zeros(1, np.int64)
     flat = x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:])
+    if x.shape[:-2] == batch:                      # nothing broadcast: element z is flat[z]
+        return flat, np.arange(flat.shape[0])
     index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
     return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
 

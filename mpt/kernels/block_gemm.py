@@ -336,11 +336,11 @@ def block_chain_packed(vap, eap, vbp, ebp, acc, ia, ib, k0, k1, prm, variant):
     """The block model's chain over k in [k0, k1) (``mpt.kernels.mma.block_chain``), fast path.
 
     vap, eap: (Ba, Mt, K, BLOCK_ROWS) float32 values / uint32 anchor codes of A from
-    ``mpt.kernels.block_pack.pack_block_rows``; vbp, ebp: (Bb, Nt, K, BLOCK_COLS) float32 /
-    uint8 of B from ``pack_block_cols``; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS) float32,
-    C-contiguous, in: c, out: D; prm, variant: from :func:`tile_params`. Returns whether a tile
-    raised the flag (the call's bits are then void). Tasks are (batch, column panel, 8 row
-    tiles).
+    ``mpt.kernels.block_pack.pack_block_values`` and ``block_codes``; vbp, ebp: (Bb, Nt, K,
+    BLOCK_COLS) float32 / uint8 of B from the same; acc: (B, Mt·BLOCK_ROWS, Nt·BLOCK_COLS)
+    float32, C-contiguous, in: c, out: D; prm, variant: from :func:`tile_params`. Returns
+    whether a tile raised the flag (the call's bits are then void). Tasks are (batch, column
+    panel, 8 row tiles).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = vap.shape[1], vbp.shape[1]
@@ -441,7 +441,7 @@ def chain_tiles(c, va, ea, vb, eb, nk, prm, variant, scratch, flag):
 def block_chain_lanes(vap, eap, vbp, ebp, acc, k0, k1, prm, variant):
     """The block model's chain over k in [k0, k1) for independent dot products, one per lane:
     output d (lane d % BLOCK_COLS of panel d // BLOCK_COLS) is acc[d] chained with row d of A
-    and column d of B, packed by ``mpt.kernels.block_pack.pack_lanes`` into (P, K, BLOCK_COLS)
+    and column d of B, packed by ``mpt.kernels.block_pack.lane_codes`` into (P, K, BLOCK_COLS)
     panels (values float32, anchor codes uint8). acc: (P·BLOCK_COLS,) float32, in: c, out: D.
     Returns whether a panel raised the flag (the call's bits are then void). One task per
     panel."""

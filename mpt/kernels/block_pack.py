@@ -4,16 +4,16 @@ ranges, anchor codes and packed panels.
 The tile kernels take float32 values and, per value, a uint8 anchor code of its nominal
 exponent (the exponent field, at least the format's emin: a subnormal takes emin). A's codes
 are u = ea + s_a, B's v = s_b − eb (``tile_params`` chooses the shifts s_a, s_b); a zero is
-coded 0 in A and 255 in B. This module finds what ``tile_params`` needs — whether the operands
-are finite and the range of the nominal exponents ea + eb of their non-zero products
-(:func:`operand_ranges`, :func:`product_range`) — and packs the operands with their codes:
-8-row panels of A and 64-column panels of B (:func:`pack_block_rows`, :func:`pack_block_cols`),
-one dot product per lane (:func:`pack_lanes`), or a tile call's panels in one pass
+coded 0 in A and 255 in B. This module packs the operands and finds, as it packs, what
+``tile_params`` needs — whether the operands are finite and the range of the nominal exponents
+ea + eb of their non-zero products (:func:`product_range`) —, then adds the codes: 8-row panels
+of A and 64-column panels of B (:func:`pack_block_values`, then :func:`block_codes`), one dot
+product per lane (:func:`lane_values`, then :func:`lane_codes`), or a tile call's panels
 (:func:`tile_pack`, :func:`tile_codes`). The GEMM packers read the operands as stored —
-float32, or bf16 widened to float32 as it is read (``mpt.kernels.gemm.source``) —, in any
-layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit (bf16
-widens exactly); exponents are integer fields. Unsigned, select-free arithmetic throughout, so
-that the loops vectorize.
+float32, or bf16 and fp16 widened to float32 as they are read (``mpt.kernels.gemm.source``) —,
+in any layout: no decoded or contiguous copy comes first. Exact: values are copied bit for bit
+(bf16 and fp16 widen exactly); exponents are integer fields. Unsigned, select-free arithmetic
+throughout, so that the loops vectorize.
 """
 from __future__ import annotations
 
@@ -22,11 +22,12 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
-from mpt.kernels.gemm import along_k, as_f32_pattern, pack_panels, source
+from mpt.kernels.gemm import as_f32_pattern, next_output, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
-__all__ = ["operand_ranges", "product_range", "finite_range", "finite_range_2d",
-           "pack_block_values", "block_codes", "pack_lanes", "tile_pack", "tile_codes"]
+__all__ = ["product_range", "finite_range", "finite_range_2d",
+           "pack_block_values", "block_codes", "lane_values", "lane_codes", "tile_pack",
+           "tile_codes"]
 
 _NO_EXP = 1 << 20   # "no non-zero value" in the exponent ranges
 _NONE_LO = 0xFFFF   # "no non-zero value" in the ranges of biased exponent fields
@@ -48,37 +49,6 @@ def _widen(low, high, x, field_min):
     f, nonzero = _field(x, field_min)
     mask = np.uint32(0) - np.uint32(nonzero)                  # all ones for a non-zero x
     return min(low, f | (np.uint32(_NONE_LO) & ~mask)), max(high, f & mask)
-
-
-@njit(cache=True, parallel=True)
-def _ranges_k(bits, kind, field_min, lo, hi):
-    """lo/hi[t, k]: lowest/highest non-zero nominal exponent field of bits[z, :, k] over the
-    batches z ≡ t (mod T = lo.shape[0]) (_NONE_LO / 0 if none; 255: Inf or NaN). bits: (B, R,
-    K) patterns of ``kind`` (``mpt.kernels.gemm.source``), contiguous along K. (Direct
-    indexing, no row views: the loops vectorize.)"""
-    nb, nr, k = bits.shape
-    tasks = lo.shape[0]
-    for t in prange(tasks):
-        for z in range(t, nb, tasks):
-            for i in range(nr):
-                for kk in range(k):
-                    x = as_f32_pattern(bits[z, i, kk], kind)
-                    lo[t, kk], hi[t, kk] = _widen(lo[t, kk], hi[t, kk], x, field_min)
-
-
-@njit(cache=True, parallel=True)
-def _ranges_r(bits, kind, field_min, lo, hi):
-    """As :func:`_ranges_k` for bits contiguous along R."""
-    nb, nr, k = bits.shape
-    tasks = lo.shape[0]
-    for t in prange(tasks):
-        for z in range(t, nb, tasks):
-            for kk in range(k):
-                low, high = lo[t, kk], hi[t, kk]
-                for i in range(nr):
-                    x = as_f32_pattern(bits[z, i, kk], kind)
-                    low, high = _widen(low, high, x, field_min)
-                lo[t, kk], hi[t, kk] = low, high
 
 
 @njit(inline="always")
@@ -155,26 +125,12 @@ def _ranges(lo_a, hi_a, lo_b, hi_b):
     return (True, tuple(int(x) for x in ranges)) if finite else (False, None)
 
 
-def operand_ranges(a, b, emin_a, emin_b):
-    """(finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest
-    non-zero exponent of A, of B)) for A (B, M, K) and B (B, K, N) float32, bfloat16 or
-    float16 (any strides), read in place. The product range is exact for one batch element:
-    min over k of (lowest over column k of A + lowest over row k of B), and so on."""
-    out = []
-    for x, emin in ((a, emin_a), (b.transpose(0, 2, 1), emin_b)):
-        tasks = min(x.shape[0], 8)
-        lo = np.full((tasks, x.shape[2]), _NONE_LO, np.uint32)
-        hi = np.zeros((tasks, x.shape[2]), np.uint32)
-        (_ranges_k if along_k(x) else _ranges_r)(*source(x), np.uint32(emin + 127), lo, hi)
-        out += [lo.min(axis=0), hi.max(axis=0)]
-    return _ranges(*out)
-
-
 def pack_block_values(a: np.ndarray, b: np.ndarray, emin_a: int, emin_b: int):
     """The tile kernels' value panels of A (B, M, K) and B (B, K, N) (float32, bfloat16 or
     float16, any strides): ((A's (B, Mt, K, BLOCK_ROWS), B's (B, Nt, K, BLOCK_COLS)) float32,
-    (finite?, ranges) as :func:`operand_ranges` gives them, read off the panels (their padding
-    zeros count for nothing)."""
+    (finite?, (lowest, highest nominal exponent ea + eb of a non-zero product, highest non-zero
+    exponent of A, of B)) read off the panels (:func:`product_range`; their padding zeros count
+    for nothing): exact for one batch element, conservative over a batch."""
     va, vb = _panels(a, BLOCK_ROWS), _panels(b.transpose(0, 2, 1), BLOCK_COLS)
     return (va, vb), _ranges(*_ranges_of_panels(va, emin_a), *_ranges_of_panels(vb, emin_b))
 
@@ -244,47 +200,110 @@ def product_range(lo_a, hi_a, lo_b, hi_b):
 
 # ---- many small products: one dot product per lane --------------------------------------------
 
+@njit(inline="always")
+def _lane_offsets(p, width, ia, ib, m, n, k, row, col):
+    """row/col[w] = the offsets of A[ia[z], i, 0] and B[ib[z], 0, j] in the flat operands for
+    output d = (z, i, j) = p·width + w of (B, M, N) (counted up from panel p's first output:
+    no division per lane); returns the number of outputs in panel p."""
+    d0 = p * width
+    w_n = min(width, ia.size * m * n - d0)
+    z, i, j = d0 // (m * n), d0 // n % m, d0 % n
+    for w in range(w_n):
+        row[w] = (ia[z] * m + i) * k
+        col[w] = ib[z] * k * n + j
+        z, i, j = next_output(z, i, j, m, n)
+    return w_n
+
+
 @njit(cache=True, parallel=True)
-def _pack_lanes(a, kind_a, b, kind_b, ia, ib, m, n, k, field_min_a, field_min_b, shift_a,
-                shift_b, va, ea, vb, eb):
-    """Output d = (z, i, j) of (B, M, N), in that order: va/ea[p, k, w] = A[ia[z], i, k] and its
-    code, vb/eb[p, k, w] = B[ib[z], k, j] and its code, d = p·BLOCK_COLS + w (padding: zeros);
-    a, b: the C-contiguous (Ba, M, K) and (Bb, K, N) patterns of their kinds
-    (``mpt.kernels.gemm.source``), flattened."""
-    total = ia.size * m * n
-    for p in prange(va.shape[0]):
-        w_n = min(BLOCK_COLS, total - p * BLOCK_COLS)
-        for w in range(w_n):
-            d = p * BLOCK_COLS + w
-            z = d // (m * n)
-            row = (ia[z] * m + d // n % m) * k             # A[ia[z], i, 0]
-            col = ib[z] * k * n + d % n                    # B[ib[z], 0, j]
+def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
+    """va/vb[p, k, w] = A[ia[z], i, k] / B[ib[z], k, j] for output d = (z, i, j) = p·W + w of
+    (B, M, N) (W = va.shape[2]; padding: zeros), copied bit for bit; a, b: the C-contiguous
+    (Ba, M, K) and (Bb, K, N) patterns of their kinds (``mpt.kernels.gemm.source``), flattened.
+    mags[t] (4, K, W): the (top, low) of :func:`_widen_magnitudes` of A's values, then of B's,
+    per (k, w) over the panels of task t (T = mags.shape[0] tasks of consecutive panels): each
+    panel is folded in while it is in cache, element by element, so that the loop vectorizes."""
+    npanel, k, width = va.shape
+    tasks, span = mags.shape[0], k * width
+    for t in prange(tasks):
+        acc = mags[t].reshape(4, span)
+        acc[0], acc[1], acc[2], acc[3] = 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
+        row, col = np.empty(width, np.int64), np.empty(width, np.int64)
+        for p in range(t * npanel // tasks, (t + 1) * npanel // tasks):
+            w_n = _lane_offsets(p, width, ia, ib, m, n, k, row, col)
             for kk in range(k):
-                va[p, kk, w] = as_f32_pattern(a[row + kk], kind_a)
-                vb[p, kk, w] = as_f32_pattern(b[col + kk * n], kind_b)
-        for kk in range(k):
-            for w in range(w_n, BLOCK_COLS):
-                va[p, kk, w], vb[p, kk, w] = 0, 0
-            for w in range(BLOCK_COLS):
-                ea[p, kk, w] = np.uint8(_code_a(va[p, kk, w], field_min_a, shift_a) &
-                                        np.uint32(0xFF))
-                eb[p, kk, w] = _code_b(vb[p, kk, w], field_min_b, shift_b)
+                for w in range(w_n):
+                    va[p, kk, w] = as_f32_pattern(a[row[w] + kk], kind_a)
+                    vb[p, kk, w] = as_f32_pattern(b[col[w] + kk * n], kind_b)
+                for w in range(w_n, width):
+                    va[p, kk, w], vb[p, kk, w] = 0, 0
+            xa, xb = va[p].reshape(span), vb[p].reshape(span)
+            for j in range(span):
+                acc[0, j], acc[1, j] = _widen_magnitudes(acc[0, j], acc[1, j], xa[j])
+                acc[2, j], acc[3, j] = _widen_magnitudes(acc[2, j], acc[3, j], xb[j])
 
 
-def pack_lanes(a, b, ia, ib, emin_a, emin_b, shifts):
+@njit(cache=True)
+def _lane_ranges(mags, field_min_a, field_min_b):
+    """:func:`product_range` of the (top, low) magnitudes of :func:`_lane_values`: per k, the
+    nominal exponent fields of the largest and the smallest non-zero magnitude (monotone in the
+    magnitude; at least the format's field_min; Inf and NaN give 255)."""
+    tasks, _, k, width = mags.shape
+    fields = np.empty((4, k), np.uint32)   # lo/hi field of A's, of B's
+    for kk in range(k):
+        for x, field_min in ((0, field_min_a), (1, field_min_b)):
+            top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+            for t in range(tasks):
+                for w in range(width):
+                    top = max(top, mags[t, 2 * x, kk, w])
+                    low = min(low, mags[t, 2 * x + 1, kk, w])
+            smallest = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
+            fields[2 * x, kk] = max(smallest >> np.uint32(23), field_min) if smallest \
+                else np.uint32(_NONE_LO)
+            fields[2 * x + 1, kk] = max(top >> np.uint32(24), field_min) if top else 0
+    return product_range(fields[0], fields[1], fields[2], fields[3])
+
+
+@njit(cache=True, parallel=True)
+def _lane_codes(va, vb, field_min_a, shift_a, field_min_b, shift_b, ea, eb):
+    """ea/eb = the anchor codes (:func:`_code_a`, :func:`_code_b`; one byte each) of the lane
+    panels va/vb (uint32 patterns, (P, K, W)); one task per panel."""
+    span = va.shape[1] * va.shape[2]
+    for p in prange(va.shape[0]):
+        xa, xb = va[p].reshape(span), vb[p].reshape(span)
+        ca, cb = ea[p].reshape(span), eb[p].reshape(span)
+        for j in range(span):
+            ca[j] = np.uint8(_code_a(xa[j], field_min_a, shift_a) & np.uint32(0xFF))
+            cb[j] = _code_b(xb[j], field_min_b, shift_b)
+
+
+def lane_values(a, b, ia, ib, emin_a, emin_b):
     """A (Ba, M, K) and B (Bb, K, N) float32 or bfloat16 (any strides) of a broadcast batch
-    (ia, ib) as lane panels for :func:`block_chain_lanes`: (values A, codes A, values B, codes
-    B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) (float32 values, uint8 codes);
-    ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    (ia, ib) as lane panels for :func:`block_chain_lanes`, one output per lane: ((values of A,
+    values of B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) float32, and (finite?,
+    (lowest, highest, top_a, top_b)) as :func:`pack_block_values` gives them, found in the
+    packing pass: the panels hold every value of A and of B (where the product
+    has an output), under its k, and zeros). :func:`lane_codes` adds the anchor codes."""
     k = a.shape[2]
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
-    ea, eb = (np.empty((npanel, k, BLOCK_COLS), np.uint8) for _ in range(2))
+    tasks = max(min(npanel, numba.get_num_threads()), 1)   # (min and max: any split is exact)
+    mags = np.empty((tasks, 4, k, BLOCK_COLS), np.uint32)
     (bits_a, kind_a), (bits_b, kind_b) = (source(np.ascontiguousarray(x)) for x in (a, b))
-    _pack_lanes(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
-                b.shape[2], k, np.uint32(emin_a + 127), np.uint32(emin_b + 127),
-                np.int32(shifts[0] - 127), np.int32(shifts[1] + 127), va.view(np.uint32), ea,
-                vb.view(np.uint32), eb)
+    _lane_values(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
+                 b.shape[2], va.view(np.uint32), vb.view(np.uint32), mags)
+    finite, *ranges = _lane_ranges(mags, np.uint32(emin_a + 127), np.uint32(emin_b + 127))
+    return (va, vb), (finite, tuple(int(r) for r in ranges))
+
+
+def lane_codes(va, vb, emin_a, emin_b, shifts):
+    """The lane panels of :func:`lane_values` with their anchor codes, for
+    :func:`block_chain_lanes`: (values A, codes A, values B, codes B) (uint8 codes);
+    ``shifts``: (s_a, s_b) of :func:`tile_params`."""
+    ea, eb = np.empty(va.shape, np.uint8), np.empty(vb.shape, np.uint8)
+    _lane_codes(va.view(np.uint32), vb.view(np.uint32), np.uint32(emin_a + 127),
+                np.int32(shifts[0] - 127), np.uint32(emin_b + 127), np.int32(shifts[1] + 127),
+                ea, eb)
     return va, ea, vb, eb
 
 
@@ -293,9 +312,9 @@ def tile_pack(x, field_min, vout, lo, hi):
     """Panels of x (R, K) float32 (any strides) for a tile call: vout[p, k, w] = x[p·W + w, k]
     (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and
     lo/hi[k] widened by the nominal exponent fields of the non-zero values of column k (see
-    :func:`_ranges_k`). The copy follows x's memory order (runs along a column, or 8 x 8 blocks
-    of rows), the ranges run over the packed panels, so that the loops vectorize. Returns the
-    number of panels."""
+    :func:`_panel_ranges`). The copy follows x's memory order (runs along a column, or 8 x 8
+    blocks of rows), the ranges run over the packed panels, so that the loops vectorize.
+    Returns the number of panels."""
     nr, k = x.shape
     width = vout.shape[2]
     npanel = (nr + width - 1) // width

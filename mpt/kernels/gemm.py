@@ -38,9 +38,9 @@ from mpt.kernels.fma import fma32
 from mpt.kernels.mma import block_finish, block_scale, block_start
 from mpt.kernels.rounding import fp16_as_f32
 
-__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source", "as_f32_pattern",
-           "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
-           "direct_rows", "fma_chain", "fma_lanes",
+__all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source",
+           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
+           "direct_rows", "fma_chain", "fma_lanes", "next_output",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
            # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
@@ -363,20 +363,47 @@ def direct_rows(a: np.ndarray, rows: int) -> int:
     return a.shape[1] // rows
 
 
+@njit(inline="always")
+def next_output(z, i, j, m, n):
+    """The output after (z, i, j) of (B, M, N), in C order (counted up: no division)."""
+    j += 1
+    if j == n:
+        j, i = 0, i + 1
+        if i == m:
+            i, z = 0, z + 1
+    return z, i, j
+
+
 @njit(cache=True, parallel=True)
 def fma_lanes(a, b, acc, ia, ib, k0, k1):
-    """The FMA chain of :func:`fma_chain` over k in [k0, k1) with one output per iteration, for
+    """The FMA chain of :func:`fma_chain` over k in [k0, k1) with one output per chain, for
     many small products that tiles would pad: acc[z, i, j] (float32 (B, M, N), in: c, out: D)
     from a[ia[z], i, :] and b[ib[z], :, j] (float32, any strides). Same operations in the same
-    order per output."""
+    order per output. Four outputs' chains run interleaved (one chain's FMAs wait on each
+    other; four keep the FMA units busy); one task per 256 outputs."""
     nb, m, n = acc.shape
-    for t in prange((nb * m * n + 255) // 256):
-        for d in range(t * 256, min(nb * m * n, (t + 1) * 256)):
-            z, i, j = d // (m * n), d // n % m, d % n
+    total = nb * m * n
+    for t in prange((total + 255) // 256):
+        d0, d1 = t * 256, min(total, (t + 1) * 256)
+        z, i, j = d0 // (m * n), d0 // n % m, d0 % n
+        for _ in range((d1 - d0) // 4):
+            z1, i1, j1 = next_output(z, i, j, m, n)
+            z2, i2, j2 = next_output(z1, i1, j1, m, n)
+            z3, i3, j3 = next_output(z2, i2, j2, m, n)
+            x0, x1, x2, x3 = acc[z, i, j], acc[z1, i1, j1], acc[z2, i2, j2], acc[z3, i3, j3]
+            for k in range(k0, k1):
+                x0 = fma32(a[ia[z], i, k], b[ib[z], k, j], x0)
+                x1 = fma32(a[ia[z1], i1, k], b[ib[z1], k, j1], x1)
+                x2 = fma32(a[ia[z2], i2, k], b[ib[z2], k, j2], x2)
+                x3 = fma32(a[ia[z3], i3, k], b[ib[z3], k, j3], x3)
+            acc[z, i, j], acc[z1, i1, j1], acc[z2, i2, j2], acc[z3, i3, j3] = x0, x1, x2, x3
+            z, i, j = next_output(z3, i3, j3, m, n)
+        for _ in range((d1 - d0) % 4):
             x = acc[z, i, j]
             for k in range(k0, k1):
                 x = fma32(a[ia[z], i, k], b[ib[z], k, j], x)
             acc[z, i, j] = x
+            z, i, j = next_output(z, i, j, m, n)
 
 
 @njit(cache=True, parallel=True)
