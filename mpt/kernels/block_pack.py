@@ -24,6 +24,7 @@ from numba import njit, prange
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
 from mpt.kernels.gemm import as_f32_pattern, next_output, pack_panels, source
 from mpt.kernels.mma import f32_bits, f32_from_bits
+from mpt.kernels.rounding import widen16
 
 __all__ = ["product_range", "finite_range", "finite_range_2d",
            "pack_block_values", "block_codes", "lane_values", "lane_codes", "tile_pack",
@@ -278,12 +279,14 @@ def _lane_codes(va, vb, field_min_a, shift_a, field_min_b, shift_b, ea, eb):
 
 
 def lane_values(a, b, ia, ib, emin_a, emin_b):
-    """A (Ba, M, K) and B (Bb, K, N) float32 or bfloat16 (any strides) of a broadcast batch
-    (ia, ib) as lane panels for :func:`block_chain_lanes`, one output per lane: ((values of A,
-    values of B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) float32, and (finite?,
+    """A (Ba, M, K) and B (Bb, K, N) float32, bfloat16 or float16 (any strides) of a broadcast
+    batch (ia, ib) as lane panels for :func:`block_chain_lanes`, one output per lane: ((values
+    of A, values of B), each (ceil(B·M·N / BLOCK_COLS), K, BLOCK_COLS) float32, and (finite?,
     (lowest, highest, top_a, top_b)) as :func:`pack_block_values` gives them, found in the
-    packing pass: the panels hold every value of A and of B (where the product
-    has an output), under its k, and zeros). :func:`lane_codes` adds the anchor codes."""
+    packing pass: the panels hold every value of A and of B (where the product has an output),
+    under its k, and zeros). :func:`lane_codes` adds the anchor codes. float16 is widened
+    first (vectorized; the lane gather does not vectorize fp16's arithmetic widening)."""
+    a, b = (widen16(x) if x.dtype == np.float16 else x for x in (a, b))
     k = a.shape[2]
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
