@@ -139,10 +139,10 @@ def _emit_anchor(builder, ea_addr, eb_addr, n, anchor_addr, rows, lanes):
         builder.store(value, _at(builder, anchor_addr, r * BLOCK_COLS, _VI8), align=1)
 
 
-def _emit_sum(builder, va_addr, vb_addr, n, s_addr, rows, lanes):
-    """One half (COLS columns) of the tile: total[r, j] = Σ_k<n int32(va[k, r]·vb[k, j]·s[r, j]);
-    vb_addr (and va_addr with ``lanes``: per-lane A values, rows = 1) point at the half's first
-    column of a BLOCK_COLS-wide panel."""
+def _emit_sum(builder, va_addr, vb_addr, n, s_addr, rows, lanes, start):
+    """One half (COLS columns) of the tile: total[r, j] = start[r, j] + Σ_k<n int32(va[k, r]·
+    vb[k, j]·s[r, j]) (start: int32 vectors); vb_addr (and va_addr with ``lanes``: per-lane A
+    values, rows = 1) point at the half's first column of a BLOCK_COLS-wide panel."""
     scale = [builder.load(_at(builder, s_addr, i * _LANES, _VF32), align=4)
              for i in range(2 * rows)]
 
@@ -158,7 +158,7 @@ def _emit_sum(builder, va_addr, vb_addr, n, s_addr, rows, lanes):
             term = builder.fptosi(builder.fmul(product, scale[i]), _VI32)
             out.append(builder.add(total[i], term))
         return out
-    return k_loop(builder, n, [_vconst(_VI32, 0)] * (2 * rows), step)
+    return k_loop(builder, n, start, step)
 
 
 def _emit_start(builder, c, code, prm, variant, flag):
@@ -179,9 +179,10 @@ def _emit_start(builder, c, code, prm, variant, flag):
 
 
 def _emit_finish(builder, total, c_term, q, prm, variant, flag):
-    """The block's result for 16 outputs: D = round_out((total + c_term)·q) as float32; with
-    _CHECK_SUM, an int32 overflow of the sum sets the flag's sign bit."""
-    s = builder.add(total, c_term)
+    """The block's result for 16 outputs: D = round_out((total + c_term)·q) as float32 (c_term
+    None: total holds it already); with _CHECK_SUM, an int32 overflow of the sum sets the flag's
+    sign bit."""
+    s = total if c_term is None else builder.add(total, c_term)
     if variant & _CHECK_SUM:   # sign bit: total and c's term agree in sign, their sum does not
         if X86_ROUNDING:
             wrapped = _call(builder, "llvm.x86.avx512.pternlog.d.512", _VI32,
@@ -277,11 +278,16 @@ def _emit_tile(variant, lanes=False):
                     builder.store(c_term, _at(builder, cterm_addr, i * _LANES, _VI32), align=4)
             for half in range(2):
                 first = half * 2 * rows
+                c_terms = [builder.load(_at(builder, cterm_addr, i * _LANES, _VI32), align=4)
+                           for i, _ in vectors(half)]
+                # c's term starts the sum, unless the overflow check needs the two apart
+                separate = variant & _CHECK_SUM
                 total = _emit_sum(builder, builder.add(va, const(4 * COLS * half)) if lanes
                                   else va, builder.add(vb, const(4 * COLS * half)), n,
-                                  builder.add(s_addr, const(4 * _LANES * first)), rows, lanes)
+                                  builder.add(s_addr, const(4 * _LANES * first)), rows, lanes,
+                                  [_vconst(_VI32, 0)] * len(c_terms) if separate else c_terms)
                 for i, c_ptr in vectors(half):
-                    c_term = builder.load(_at(builder, cterm_addr, i * _LANES, _VI32), align=4)
+                    c_term = c_terms[i - first] if separate else None
                     q = builder.load(_at(builder, q_addr, i * _LANES, _VF32), align=4)
                     d, flag = _emit_finish(builder, total[i - first], c_term, q, prm, variant,
                                            flag)
