@@ -39,8 +39,8 @@ from mpt.kernels.mma import block_finish, block_scale, block_start
 from mpt.kernels.rounding import fp16_as_f32
 
 __all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source",
-           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles", "unpack_tiles",
-           "direct_rows", "fma_chain", "fma_lanes", "next_output",
+           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles",
+           "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes", "next_output",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
            # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
