@@ -138,21 +138,23 @@ def _round_format(x, rnd):
 
 @njit(inline="always")
 def _round_row(out, x, keep, n, bc, rnd):
-    """out[c] = keep[c] ? round_F(x[c]) : 0 for c < n, and 0 for n <= c < bc."""
-    for c in range(n):
-        out[c] = _round_format(x[c], rnd) if keep[c] else 0.0
+    """out[c] = keep[c] ? round_F(x[c]) : 0 for c < n, and 0 for n <= c < bc (fp32/fp64: x as
+    it is, which :func:`_round_format` returns for them, without its bit arithmetic)."""
+    if rnd[0] < 0:
+        for c in range(n):
+            out[c] = np.float64(x[c]) if keep[c] else 0.0
+    else:
+        for c in range(n):
+            out[c] = _round_format(x[c], rnd) if keep[c] else 0.0
     out[n:bc] = 0.0
 
 
 @njit
 def _keep_row(keep, n, first, drop):
-    """keep[c] = (word first + c of the Philox stream >= threshold) for c < n (all True without
-    dropout). One Philox call per four words."""
-    enabled, threshold = drop[0], drop[1]
+    """keep[c] = (word first + c of the Philox stream >= threshold) for c < n, with dropout (the
+    callers' keep is all True without). One Philox call per four words."""
+    threshold = drop[1]
     key, stream = (drop[2], drop[3]), (drop[4], drop[5])
-    if not enabled:
-        keep[:n] = True
-        return
     c = 0
     while c < n:
         idx = first + c
@@ -173,7 +175,7 @@ def _visible(i, j0, bc, nq, nk, causal):
 
 # ---- forward -------------------------------------------------------------------------------------
 
-@njit
+@njit(inline="always")
 def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf, doubt):
     """One query row's online-softmax step for one key block (module docstring): updates m[r],
     l[r] and the rescaled acc[r, :dv]; writes keep ∘ round_F(P) into p[0, r, :bc]. buf: (2, >= bc)
@@ -237,7 +239,8 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
         tile_mm(s, q, z, i0, NO, k, zk, j0, YES, br, bc, d, eng, sc)
         for r in range(br):
             ncols = _visible(i0 + r, j0, bc, nq, nk, causal)
-            _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
+            if drop[0]:             # (without dropout keep stays all True)
+                _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
             _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf,
                          doubt)
         tile_mm(acc, p, ZERO, ZERO, NO, v, zk, j0, NO, br, dv, bc, eng, sc)
@@ -279,7 +282,7 @@ def _rowdot(do, o):
     return out
 
 
-@njit
+@njit(inline="always")
 def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2, rnd, drop,
                   buf, every, doubt):
     """One query row of one (query block, key block) pair: P recomputed from L into p[0, r] as
@@ -343,7 +346,8 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
                 for r in range(br):
                     i = i0 + r
                     ncols = _visible(i, j0, bc, nq, nk, causal)
-                    _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
+                    if drop[0]:
+                        _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
                     _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse[z, i], dsum[z, i], tau,
                                   tau2, exp2, rnd, drop, buf, every, doubt)
                 tile_mm(dv_acc, p, ZERO, ZERO, YES, do, z, i0, NO, bc, dv, br, eng, sc)
