@@ -161,9 +161,11 @@ def _tile_intrinsic(emit, nargs):
     return intrinsic(typer)
 
 
-def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
+def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk, from_zero=False):
     """C[ROWS, COLS] (row stride ldc floats) = fma(A[r, k], B[k, j], C[r, j]) for k < nk, with
-    A[r, k] at a_addr + 4·(r·sar + k·sak) and a packed (nk, COLS) B panel."""
+    A[r, k] at a_addr + 4·(r·sar + k·sak) and a packed (nk, COLS) B panel. ``from_zero``: the
+    chain starts from +0 registers instead of loading C (the same bits as a C of +0; C's memory
+    is only written)."""
     vfma = vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
     ptrs = _tile_pointers(builder, c_addr, ldc, ROWS, _VF32)
 
@@ -171,17 +173,25 @@ def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
         b = panel_vectors(builder, b_addr, k)
         a = panel_splats(builder, a_addr, k, ROWS, sar, sak)
         return [builder.call(vfma, [a[i // _VECS], b[i % _VECS], acc[i]]) for i in range(len(acc))]
-    acc = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
+    start = [ir.Constant(_VF32, [0.0] * _LANES)] * len(ptrs) if from_zero else \
+        [builder.load(p, align=4) for p in ptrs]
+    acc = k_loop(builder, nk, start, step)
     for p, value in zip(ptrs, acc):
         builder.store(value, p, align=4)
 
 
-def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
+def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk, from_zero=False):
     """:func:`_emit_fma_strided` on a packed (nk, ROWS) A panel."""
-    _emit_fma_strided(builder, c_addr, ldc, a_addr, 1, ROWS, b_addr, nk)
+    _emit_fma_strided(builder, c_addr, ldc, a_addr, 1, ROWS, b_addr, nk, from_zero)
+
+
+def _from_zero(emit):
+    """The emitter ``emit`` with its chain started from +0 registers (its ``from_zero``)."""
+    return lambda builder, *args: emit(builder, *args, from_zero=True)
 
 
 _fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
+_fma_strided_zero = _tile_intrinsic(_from_zero(_emit_fma_strided), 7)
 #: ``fma_tile_strided(c_addr, ldc, a_addr, sar, sak, b_addr, nk)``: :data:`fma_tile` with A read
 #: in place, A[r, k] at a_addr + 4·(r·sar + k·sak) (used by mpt.kernels.attention).
 fma_tile_strided = _fma_strided
@@ -190,6 +200,7 @@ fma_tile_strided = _fma_strided
 #: (nk, ROWS) A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile
 #: GEMMs).
 fma_tile = _tile_intrinsic(_emit_fma, 5)
+_fma_tile_zero = _tile_intrinsic(_from_zero(_emit_fma), 5)
 
 
 # ---- the chunked block kernel (block_chain_packed) ---------------------------------------------
@@ -316,14 +327,15 @@ def pack_cols(b: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, parallel=True)
-def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
+def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1, from_zero):
     """acc[z] = FMA chain of A[ia[z]]·B[ib[z]] over k in [k0, k1), increasing k, onto acc[z].
 
     Row tile it of A (ROWS rows) is read in place from a (Ba, M, K) float32 (positive strides)
     when it < a_direct, else from the packed panel ap[:, it − a_direct] ((Ba, ·, K, ROWS) from
     ``pack_rows``); bp: (Bb, Nt, K, COLS) float32 from :func:`pack_cols`; acc: (B, Mt·ROWS,
     Nt·COLS) float32, C-contiguous, in: c, out: D (padding rows and columns are ignored).
-    Tasks are (batch, column panel, 64 rows).
+    ``from_zero`` (with k1 > k0): c is +0 and acc's content is never read (it need not be
+    initialised; every element is written). Tasks are (batch, column panel, 64 rows).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = acc.shape[1] // ROWS, bp.shape[1]
@@ -336,14 +348,22 @@ def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
         b_panel = bp[ib[z], jt]
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
+            fresh = from_zero and kc == k0
             for it in range(g * ROW_TILES, min(mt, (g + 1) * ROW_TILES)):
                 c_addr = acc[z, it * ROWS:, jt * COLS:].ctypes.data
+                b_addr = b_panel[kc:].ctypes.data
                 if it < a_direct:
-                    _fma_strided(c_addr, ldc, a[ia[z], it * ROWS:, kc:].ctypes.data, sar, sak,
-                                 b_panel[kc:].ctypes.data, nk)
+                    a_addr = a[ia[z], it * ROWS:, kc:].ctypes.data
+                    if fresh:
+                        _fma_strided_zero(c_addr, ldc, a_addr, sar, sak, b_addr, nk)
+                    else:
+                        _fma_strided(c_addr, ldc, a_addr, sar, sak, b_addr, nk)
                 else:
-                    fma_tile(c_addr, ldc, ap[ia[z], it - a_direct, kc:].ctypes.data,
-                             b_panel[kc:].ctypes.data, nk)
+                    a_addr = ap[ia[z], it - a_direct, kc:].ctypes.data
+                    if fresh:
+                        _fma_tile_zero(c_addr, ldc, a_addr, b_addr, nk)
+                    else:
+                        fma_tile(c_addr, ldc, a_addr, b_addr, nk)
 
 
 def direct_rows(a: np.ndarray, rows: int) -> int:
