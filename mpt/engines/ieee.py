@@ -26,8 +26,9 @@ ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e
 @register_kind("ieee_fma")
 class FmaOperands(PackedOperands):
     """FP32 accumulator; the register-blocked FMA kernel (``fma_chain``). A is read in place,
-    whole row tiles, where its layout allows it (``direct_rows``); its last partial row tile,
-    and B, are packed into zero-padded panels straight from their own layout (no contiguous
+    whole row tiles, where its layout allows it (``direct_rows``), and B as whole column panels
+    of its rows where they are contiguous (``col_panels``); the rest (A's last partial row tile,
+    B otherwise) is packed into zero-padded panels straight from its own layout (no contiguous
     copy first). A chain from +0 starts from zero registers on an unfilled accumulator. Many
     small products, which tiles would pad, run one output per iteration (``fma_lanes``) on the
     operands as they are."""
@@ -51,7 +52,7 @@ class FmaOperands(PackedOperands):
         panels = _gemm.pack_rows(rest, self.rows) if rest.shape[1] else \
             np.empty((rest.shape[0], 0, self.k, self.rows), np.float32)
         self.a = (self.a, panels, direct)
-        self.b = _gemm.pack_cols(self.b)
+        self.b = _gemm.col_panels(self.b)
 
     def chain(self, acc, k0, k1, from_zero=False):
         if self.rows:
