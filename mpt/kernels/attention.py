@@ -5,9 +5,10 @@ Arrays: q (Z, Nq, d), k (Zkv, Nk, d), v (Zkv, Nk, dv) hold the values of one inp
 decoded exactly to the work dtype W (float32; float64 in fp64 mode); query batch z reads key/value
 batch ``kv_of[z]`` (grouped-query attention and broadcast batches). τ is the softmax scale,
 τ₂ = W(τ·log2 e); ``W(x)`` is one RNE rounding to W; exp, exp2 and log are evaluated in float64
-by the platform libm from the exact W argument and rounded once to W (``mpt.kernels.ops``).
-exp2 is spelled ``np.exp2``: Numba lowers it, as it lowers ``math.exp2`` from 0.61 on, to the
-same ``llvm.exp2`` intrinsic, and Numba 0.60 has no ``math.exp2``.
+by the platform libm from the exact W argument and rounded once to W (``mpt.kernels.ops``;
+P's exponentials run vectorized with those bits, ``mpt.kernels.exp_fast``). exp2 is spelled
+``np.exp2``: Numba lowers it, as it lowers ``math.exp2`` from 0.61 on, to the same ``llvm.exp2``
+intrinsic, and Numba 0.60 has no ``math.exp2``.
 
 **Forward**, one task per (z, block of Br query rows); key blocks of Bc in increasing order::
 

@@ -18,7 +18,8 @@ outputs, never one sum):
   boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
   float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
   vectorized float64 evaluation with a proven error bound, and libm's wherever the two could
-  round differently (:mod:`mpt.kernels.tanh_ops`).
+  round differently (:mod:`mpt.kernels.tanh_ops`); so do the float32 exponentials of the
+  cross-entropy kernels (:mod:`mpt.kernels.exp_fast`).
 """
 from __future__ import annotations
 
