@@ -194,9 +194,8 @@ def mma(a, b, c=None, *, model, in_format=None, out_format=None, variant=None, s
     """
     scales = None if scale_a is None and scale_b is None else (scale_a, scale_b)
     ops, c3, shape = _prepare(a, b, c, model, in_format, out_format, variant, scales, options)
-    acc = ops.new_acc(c3)
     with _mma.threads_for(ops.work):
-        ops.chain(acc, 0, ops.k)
+        acc = ops.chain_from(c3, 0, ops.k)
     d = ops.values(acc)
     if ops.out_format == "fp16":
         d = d.astype(np.float16)  # exact: the values are FP16 numbers
@@ -344,14 +343,11 @@ def _chunk(ops, k0, k1, c, promote_every, sa, sb):
     promotion, MMA partials from +0 fused into an FP32 register that starts at c (or −0, so
     that the first partial enters it unchanged)."""
     if promote_every is None:
-        acc = ops.new_acc(c)
-        ops.chain(acc, k0, k1)
-        return ops.values(acc)
+        return ops.values(ops.chain_from(c, k0, k1))
     register = np.full((ops.batch_size, ops.m, ops.n), -0.0, np.float32) if c is None \
         else c.astype(np.float32)
     for g0 in range(k0, k1, promote_every):
-        acc = ops.new_acc()
-        ops.chain(acc, g0, min(g0 + promote_every, k1))
+        acc = ops.chain_from(None, g0, min(g0 + promote_every, k1))
         s = _block_scale(sa, sb, g0 // promote_every, promote_every, ops.m, ops.n)
         register = fma_array(s, ops.values(acc), register)
     return register

@@ -26,10 +26,12 @@ ANY_FORMAT = ("fp32", "tf32", "fp16", "bf16") + F8F6F4 + ("fp8_e4m3fnuz", "fp8_e
 @register_kind("ieee_fma")
 class FmaOperands(PackedOperands):
     """FP32 accumulator; the register-blocked FMA kernel (``fma_chain``). A is read in place,
-    whole row tiles, where its layout allows it (``direct_rows``); its last partial row tile,
-    and B, are packed into zero-padded panels straight from their own layout (no contiguous
-    copy first). Many small products, which tiles would pad, run one output per chain
-    (``fma_lanes``) on the operands as they are."""
+    whole row tiles, where its layout allows it (``direct_rows``), and B as whole column panels
+    of its rows where they are contiguous (``col_panels``); the rest (A's last partial row tile,
+    B otherwise) is packed into zero-padded panels straight from its own layout (no contiguous
+    copy first). A chain from +0 starts from zero registers on an unfilled accumulator. Many
+    small products, which tiles would pad, run one output per chain (``fma_lanes``) on the
+    operands as they are."""
 
     acc_dtype = np.float32
 
@@ -46,14 +48,24 @@ class FmaOperands(PackedOperands):
         self.rows = rows
         self.orient()
         direct = _gemm.direct_rows(self.a, self.rows)
-        self.a = (self.a, _gemm.pack_rows(self.a[:, direct * self.rows:], self.rows), direct)
-        self.b = _gemm.pack_cols(self.b)
+        rest = self.a[:, direct * self.rows:]                      # rows read from panels
+        panels = _gemm.pack_rows(rest, self.rows) if rest.shape[1] else \
+            np.empty((rest.shape[0], 0, self.k, self.rows), np.float32)
+        self.a = (self.a, panels, direct)
+        self.b = _gemm.col_panels(self.b)
 
-    def chain(self, acc, k0, k1):
+    def chain(self, acc, k0, k1, from_zero=False):
         if self.rows:
-            _gemm.fma_chain(*self.a, self.b, acc, self.ia, self.ib, k0, k1)
+            _gemm.fma_chain(*self.a, self.b, acc, self.ia, self.ib, k0, k1, from_zero)
         else:
             _gemm.fma_lanes(self.a, self.b, acc, self.ia, self.ib, k0, k1)
+
+    def chain_from(self, c, k0, k1):
+        if not self.rows or c is not None or k1 <= k0:
+            return super().chain_from(c, k0, k1)
+        acc = np.empty(self.padded_shape, np.float32)   # all written by the chain from +0
+        self.chain(acc, k0, k1, from_zero=True)
+        return acc
 
 
 def _check_per_k(cfg):

@@ -9,7 +9,8 @@ interface:
   with ``SCALES``; ``options``: keyword options the kind accepts, ``OPTIONS``);
 * ``acc = ops.new_acc(c)`` makes an accumulator holding c (or +0);
 * ``ops.chain(acc, k0, k1)`` runs the model over k in [k0, k1), in increasing k, in place
-  (k0 and k1 multiples of :attr:`Operands.unit`, or K);
+  (k0 and k1 multiples of :attr:`Operands.unit`, or K); ``acc = ops.chain_from(c, k0, k1)``
+  is both steps at once (a kind may skip filling an accumulator its kernel overwrites);
 * ``ops.values(acc)`` returns the accumulator as (B, M, N) values of the output format: float32
   (float64 for an fp64 output); ``mma`` writes the canonical NaN over NaNs when the kind's
   hardware returns one (``canonical_nan``).
@@ -188,6 +189,12 @@ class Operands:
     def chain(self, acc, k0: int, k1: int) -> None:
         raise NotImplementedError
 
+    def chain_from(self, c, k0: int, k1: int) -> np.ndarray:
+        """A new accumulator holding c (None: +0) with the chain over [k0, k1) run onto it."""
+        acc = self.new_acc(c)
+        self.chain(acc, k0, k1)
+        return acc
+
     def values(self, acc) -> np.ndarray:
         """The accumulator as (B, M, N) values: float32, or float64 for an fp64 output."""
         return np.ascontiguousarray(acc, dtype=np.float64 if self.out_format == "fp64"
@@ -226,10 +233,16 @@ class PackedOperands(Operands):
         """(rows, cols) of the computed product (N, M when swapped)."""
         return (self.n, self.m) if self.swap else (self.m, self.n)
 
+    @property
+    def padded_shape(self) -> tuple[int, int, int]:
+        """(B, rows, cols) of the padded accumulator: whole tiles of the computed product."""
+        rows, cols = self._shape
+        return (self.batch_size, tiles(rows, self.rows) * self.rows,
+                tiles(cols, self.cols) * self.cols)
+
     def _padded(self, c) -> np.ndarray:
         rows, cols = self._shape
-        acc = np.zeros((self.batch_size, tiles(rows, self.rows) * self.rows,
-                        tiles(cols, self.cols) * self.cols), self.acc_dtype)
+        acc = np.zeros(self.padded_shape, self.acc_dtype)
         if c is not None:
             acc[:, :rows, :cols] = transposed(c) if self.swap else c
         return acc

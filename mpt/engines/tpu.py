@@ -321,9 +321,7 @@ class TpuOperands(Operands):
     def _pass(self, ij, k0, k1, c=None):
         """One inner pass over k in [k0, k1) from c (None: +0): (B, M, N) float32."""
         ops = self.passes[ij]
-        acc = ops.new_acc(c)
-        ops.chain(acc, k0, k1)
-        return ops.values(acc)
+        return ops.values(ops.chain_from(c, k0, k1))
 
     def chain(self, acc, k0, k1):
         if self.decomposition == "mxu":                                  # one MXU pass from C

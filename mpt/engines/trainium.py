@@ -201,8 +201,7 @@ class TrainiumOperands(Operands):
 
     def chain(self, acc, k0, k1):
         for t0 in range(k0, k1, self.tile_k):
-            part = self.inner.new_acc()                                  # one pass from +0
-            self.inner.chain(part, t0, min(t0 + self.tile_k, k1))
+            part = self.inner.chain_from(None, t0, min(t0 + self.tile_k, k1))  # a pass from +0
             acc += self.inner.values(part)                               # PSUM += pass (RNE)
 
     def values(self, acc):

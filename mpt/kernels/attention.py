@@ -5,9 +5,10 @@ Arrays: q (Z, Nq, d), k (Zkv, Nk, d), v (Zkv, Nk, dv) hold the values of one inp
 decoded exactly to the work dtype W (float32; float64 in fp64 mode); query batch z reads key/value
 batch ``kv_of[z]`` (grouped-query attention and broadcast batches). τ is the softmax scale,
 τ₂ = W(τ·log2 e); ``W(x)`` is one RNE rounding to W; exp, exp2 and log are evaluated in float64
-by the platform libm from the exact W argument and rounded once to W (``mpt.kernels.ops``).
-exp2 is spelled ``np.exp2``: Numba lowers it, as it lowers ``math.exp2`` from 0.61 on, to the
-same ``llvm.exp2`` intrinsic, and Numba 0.60 has no ``math.exp2``.
+by the platform libm from the exact W argument and rounded once to W (``mpt.kernels.ops``;
+P's exponentials run vectorized with those bits, ``mpt.kernels.exp_fast``). exp2 is spelled
+``np.exp2``: Numba lowers it, as it lowers ``math.exp2`` from 0.61 on, to the same ``llvm.exp2``
+intrinsic, and Numba 0.60 has no ``math.exp2``.
 
 **Forward**, one task per (z, block of Br query rows); key blocks of Bc in increasing order::
 
@@ -56,6 +57,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpt._checks import check_int
+from mpt.kernels.exp_fast import exp_into
 from mpt.kernels.flash_gemm import (BLOCK, FMA, FMA_TILE, MUL_ADD, NO, YES, ZERO, acc_tile, fma,
                                     tile_mm, tile_scratch)
 from mpt.kernels.mma import _as_bits, _from_bits, threads_for
@@ -137,21 +139,23 @@ def _round_format(x, rnd):
 
 @njit(inline="always")
 def _round_row(out, x, keep, n, bc, rnd):
-    """out[c] = keep[c] ? round_F(x[c]) : 0 for c < n, and 0 for n <= c < bc."""
-    for c in range(n):
-        out[c] = _round_format(x[c], rnd) if keep[c] else 0.0
+    """out[c] = keep[c] ? round_F(x[c]) : 0 for c < n, and 0 for n <= c < bc (fp32/fp64: x as
+    it is, which :func:`_round_format` returns for them, without its bit arithmetic)."""
+    if rnd[0] < 0:
+        for c in range(n):
+            out[c] = np.float64(x[c]) if keep[c] else 0.0
+    else:
+        for c in range(n):
+            out[c] = _round_format(x[c], rnd) if keep[c] else 0.0
     out[n:bc] = 0.0
 
 
 @njit
 def _keep_row(keep, n, first, drop):
-    """keep[c] = (word first + c of the Philox stream >= threshold) for c < n (all True without
-    dropout). One Philox call per four words."""
-    enabled, threshold = drop[0], drop[1]
+    """keep[c] = (word first + c of the Philox stream >= threshold) for c < n, with dropout (the
+    callers' keep is all True without). One Philox call per four words."""
+    threshold = drop[1]
     key, stream = (drop[2], drop[3]), (drop[4], drop[5])
-    if not enabled:
-        keep[:n] = True
-        return
     c = 0
     while c < n:
         idx = first + c
@@ -172,11 +176,11 @@ def _visible(i, j0, bc, nq, nk, causal):
 
 # ---- forward -------------------------------------------------------------------------------------
 
-@njit
-def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf):
+@njit(inline="always")
+def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf, doubt):
     """One query row's online-softmax step for one key block (module docstring): updates m[r],
-    l[r] and the rescaled acc[r, :dv]; writes keep ∘ round_F(P) into p[0, r, :bc] (the FP32 P
-    kept in buf, (>= bc,) of W, for the rounding pass)."""
+    l[r] and the rescaled acc[r, :dv]; writes keep ∘ round_F(P) into p[0, r, :bc]. buf: (2, >= bc)
+    of W for the exponents' arguments and the FP32 P; doubt: (>= bc,) bool scratch."""
     W = m.dtype.type
     mo = m[r]
     mx = mo
@@ -187,20 +191,21 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, 
     if mx == -np.inf:               # no visible key yet: O and l stay 0
         p[0, r, :bc] = 0.0
         return
+    arg, pc = buf[0, :ncols], buf[1, :ncols]
     if exp2:
         mxs = W(mx * tau2)
         alpha = W(np.exp2(np.float64(W(W(mo - mx) * tau2))))
+        for c in range(ncols):
+            arg[c] = fma(W(s[r, c]), tau2, -mxs)
     else:
         alpha = W(math.exp(np.float64(W(mo - mx))))
+        for c in range(ncols):
+            arg[c] = W(W(W(s[r, c]) * tau) - mx)
+    exp_into(arg, pc, doubt, exp2)
     lr = W(alpha * l[r])
     for c in range(ncols):
-        if exp2:
-            pc = W(np.exp2(np.float64(fma(W(s[r, c]), tau2, -mxs))))
-        else:
-            pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - mx))))
-        lr = W(lr + pc)
-        buf[c] = pc
-    _round_row(p[0, r], buf, keep, ncols, bc, rnd)
+        lr = W(lr + pc[c])
+    _round_row(p[0, r], pc, keep, ncols, bc, rnd)
     for c in range(dv):
         acc[r, c] = W(alpha * W(acc[r, c]))
     m[r] = mx
@@ -222,8 +227,8 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
     s = acc_tile(bq, bk, q.dtype)                 # (Br, Bc) raw scores
     acc = acc_tile(bq, dv, q.dtype)               # (Br, dv) O accumulator
     p = np.zeros((1, bq, bk), q.dtype)         # keep ∘ round_F(P)
-    keep = np.ones(bk, np.bool_)
-    buf = np.empty(bk, q.dtype)
+    keep, doubt = np.ones(bk, np.bool_), np.empty(bk, np.bool_)
+    buf = np.empty((2, bk), q.dtype)
     m = np.full(bq, -np.inf, q.dtype)
     l = np.zeros(bq, q.dtype)
     for jb in range(nkb):
@@ -235,8 +240,10 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
         tile_mm(s, q, z, i0, NO, k, zk, j0, YES, br, bc, d, eng, sc)
         for r in range(br):
             ncols = _visible(i0 + r, j0, bc, nq, nk, causal)
-            _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
-            _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf)
+            if drop[0]:             # (without dropout keep stays all True)
+                _keep_row(keep, ncols, ((z * nq) + i0 + r) * nk + j0, drop)
+            _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, buf,
+                         doubt)
         tile_mm(acc, p, ZERO, ZERO, NO, v, zk, j0, NO, br, dv, bc, eng, sc)
     for r in range(br):
         lr = l[r]
@@ -276,24 +283,28 @@ def _rowdot(do, o):
     return out
 
 
-@njit
+@njit(inline="always")
 def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2, rnd, drop,
-                  buf, every):
+                  buf, every, doubt):
     """One query row of one (query block, key block) pair: P recomputed from L into p[0, r] as
-    keep ∘ round_F(P), and round_F(dS) into ds[0, r] (module docstring); buf: (2, >= bc) of W
-    for the FP32 P and dS of the rounding passes; every: (>= bc,) True."""
+    keep ∘ round_F(P), and round_F(dS) into ds[0, r] (module docstring); buf: (3, >= bc) of W
+    for the exponents' arguments and the FP32 P and dS of the rounding passes; every: (>= bc,)
+    True; doubt: (>= bc,) bool scratch."""
     W = p.dtype.type
-    l2 = W(lse_r * W(LOG2E))
+    arg, pc, dsc = buf[2, :ncols], buf[0, :ncols], buf[1, :ncols]
+    if exp2:
+        l2 = W(lse_r * W(LOG2E))
+        for c in range(ncols):
+            arg[c] = fma(W(s[r, c]), tau2, -l2)
+    else:
+        for c in range(ncols):
+            arg[c] = W(W(W(s[r, c]) * tau) - lse_r)
+    exp_into(arg, pc, doubt, exp2)
     for c in range(ncols):
-        if exp2:
-            pc = W(np.exp2(np.float64(fma(W(s[r, c]), tau2, -l2))))
-        else:
-            pc = W(math.exp(np.float64(W(W(W(s[r, c]) * tau) - lse_r))))
         dpc = W(dp[r, c])
         if drop[0]:
             dpc = W(dpc * drop[6]) if keep[c] else W(0.0)
-        buf[0, c] = pc
-        buf[1, c] = W(W(pc * W(dpc - d_r)) * tau)
+        dsc[c] = W(W(pc[c] * W(dpc - d_r)) * tau)
     _round_row(p[0, r], buf[0], keep, ncols, bc, rnd)
     _round_row(ds[0, r], buf[1], every, ncols, bc, rnd)
 
@@ -315,8 +326,8 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
     dq_tile = acc_tile(bq, d, q.dtype)            # (Br, d)
     p = np.zeros((1, bq, bk), q.dtype)
     ds = np.zeros((1, bq, bk), q.dtype)
-    keep, every = np.ones(bk, np.bool_), np.ones(bk, np.bool_)
-    buf = np.empty((2, bk), q.dtype)
+    keep, every, doubt = np.ones(bk, np.bool_), np.ones(bk, np.bool_), np.empty(bk, np.bool_)
+    buf = np.empty((3, bk), q.dtype)
     for jb in range(nkb):
         j0 = jb * bk
         bc = min(bk, nk - j0)
@@ -336,9 +347,10 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
                 for r in range(br):
                     i = i0 + r
                     ncols = _visible(i, j0, bc, nq, nk, causal)
-                    _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
+                    if drop[0]:
+                        _keep_row(keep, ncols, (z * nq + i) * nk + j0, drop)
                     _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse[z, i], dsum[z, i], tau,
-                                  tau2, exp2, rnd, drop, buf, every)
+                                  tau2, exp2, rnd, drop, buf, every, doubt)
                 tile_mm(dv_acc, p, ZERO, ZERO, YES, do, z, i0, NO, bc, dv, br, eng, sc)
                 tile_mm(dk_acc, ds, ZERO, ZERO, YES, q, z, i0, NO, bc, d, br, eng, sc)
                 dq_tile[:br, :d] = dq[z, i0:i0 + br]

@@ -6,8 +6,10 @@ Numba cannot name vector registers, so the inner loops are written as LLVM IR th
 ``numba.core.extending.intrinsic``: a tile of outputs lives in 16-lane float32/int32 vector
 registers while packed, k-major panels of A (``rows`` values per k) and B (32 values per k)
 stream through it, GotoBLAS-style. Operands are packed (zero-padded to whole tiles, read from
-any strides: no copy first) once per GEMM by :func:`pack_rows` / :func:`pack_cols`; the
-drivers can then run any k-range.
+any strides: no copy first) once per GEMM by :func:`pack_rows` / :func:`pack_cols`, except
+where ``fma_chain`` reads them in place (whole row tiles of A, whole column panels of B's
+contiguous rows: :func:`direct_rows`, :func:`col_panels`); the drivers can then run any
+k-range.
 
 ``fma_chain`` — every output element is ``acc = c; for k increasing: acc = fma(a_ik, b_kj, acc)``,
 one IEEE binary32 fused multiply-add per k (``llvm.fma.v16f32``: exact product and sum, one RNE
@@ -39,8 +41,8 @@ from mpt.kernels.mma import block_finish, block_scale, block_start
 from mpt.kernels.rounding import fp16_as_f32
 
 __all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source",
-           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "pack_tiles",
-           "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes", "next_output",
+           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "col_panels",
+           "pack_tiles", "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes", "next_output",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
            # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
            "const", "panel_vectors", "panel_splats", "k_loop", "vector_intrinsic"]
@@ -147,7 +149,7 @@ def _codegen(emit):
 
 
 def _tile_intrinsic(emit, nargs):
-    """An intrinsic of ``nargs`` (5, 7 or 10) intp arguments (addresses, strides, counts)
+    """An intrinsic of ``nargs`` (5, 7, 8 or 10) intp arguments (addresses, strides, counts)
     whose body ``emit`` writes."""
     sig = types.void(*([types.intp] * nargs))
     if nargs == 5:
@@ -156,25 +158,37 @@ def _tile_intrinsic(emit, nargs):
     elif nargs == 7:
         def typer(typingctx, x0, x1, x2, x3, x4, x5, x6):
             return sig, _codegen(emit)
+    elif nargs == 8:
+        def typer(typingctx, x0, x1, x2, x3, x4, x5, x6, x7):
+            return sig, _codegen(emit)
     else:
         def typer(typingctx, x0, x1, x2, x3, x4, x5, x6, x7, x8, x9):
             return sig, _codegen(emit)
     return intrinsic(typer)
 
 
-def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
+def _emit_fma_tile(builder, c_addr, ldc, a_addr, sar, sak, b_addr, ldb, nk, from_zero=False):
     """C[ROWS, COLS] (row stride ldc floats) = fma(A[r, k], B[k, j], C[r, j]) for k < nk, with
-    A[r, k] at a_addr + 4·(r·sar + k·sak) and a packed (nk, COLS) B panel."""
+    A[r, k] at a_addr + 4·(r·sar + k·sak) and B[k, j] at b_addr + 4·(k·ldb + j) (a packed
+    (nk, COLS) panel: ldb = COLS). ``from_zero``: the chain starts from +0 registers instead
+    of loading C (the same bits as a C of +0; C's memory is only written)."""
     vfma = vector_intrinsic(builder, "llvm.fma.v16f32", _VF32, 3)
     ptrs = _tile_pointers(builder, c_addr, ldc, ROWS, _VF32)
 
     def step(k, acc):
-        b = panel_vectors(builder, b_addr, k)
+        b = panel_vectors(builder, b_addr, k, ldb)
         a = panel_splats(builder, a_addr, k, ROWS, sar, sak)
         return [builder.call(vfma, [a[i // _VECS], b[i % _VECS], acc[i]]) for i in range(len(acc))]
-    acc = k_loop(builder, nk, [builder.load(p, align=4) for p in ptrs], step)
+    start = [ir.Constant(_VF32, [0.0] * _LANES)] * len(ptrs) if from_zero else \
+        [builder.load(p, align=4) for p in ptrs]
+    acc = k_loop(builder, nk, start, step)
     for p, value in zip(ptrs, acc):
         builder.store(value, p, align=4)
+
+
+def _emit_fma_strided(builder, c_addr, ldc, a_addr, sar, sak, b_addr, nk):
+    """:func:`_emit_fma_tile` on a packed (nk, COLS) B panel."""
+    _emit_fma_tile(builder, c_addr, ldc, a_addr, sar, sak, b_addr, COLS, nk)
 
 
 def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
@@ -182,10 +196,12 @@ def _emit_fma(builder, c_addr, ldc, a_addr, b_addr, nk):
     _emit_fma_strided(builder, c_addr, ldc, a_addr, 1, ROWS, b_addr, nk)
 
 
-_fma_strided = _tile_intrinsic(_emit_fma_strided, 7)
+_fma_tile = _tile_intrinsic(_emit_fma_tile, 8)
+_fma_tile_zero = _tile_intrinsic(
+    lambda builder, *args: _emit_fma_tile(builder, *args, from_zero=True), 8)
 #: ``fma_tile_strided(c_addr, ldc, a_addr, sar, sak, b_addr, nk)``: :data:`fma_tile` with A read
 #: in place, A[r, k] at a_addr + 4·(r·sar + k·sak) (used by mpt.kernels.attention).
-fma_tile_strided = _fma_strided
+fma_tile_strided = _tile_intrinsic(_emit_fma_strided, 7)
 #: ``fma_tile(c_addr, ldc, a_addr, b_addr, nk)`` (intp arguments), callable from njit code: the
 #: ROWS x COLS tile at c_addr (row stride ldc floats) += FMA chain over k < nk of a packed
 #: (nk, ROWS) A panel and a packed (nk, COLS) B panel (used by mpt.kernels.attention's tile
@@ -322,19 +338,32 @@ def pack_cols(b: np.ndarray) -> np.ndarray:
     return pack_panels(b.transpose(0, 2, 1), np.empty((nb, -(-n // COLS), k, COLS), b.dtype))
 
 
+def col_panels(b: np.ndarray) -> np.ndarray:
+    """The column panels of B (B, K, N) float32 as :func:`fma_chain` reads them, (B, N/COLS, K,
+    COLS): a view of b where its rows are contiguous, positive-strided, whole panels (N a
+    multiple of COLS) and not 4 KiB apart (the ``direct_rows`` rule), else :func:`pack_cols`."""
+    nb, k, n = b.shape
+    if b.strides[2] != 4 or n % COLS or b.strides[1] <= 0 or b.strides[1] % 4096 == 0:
+        return pack_cols(b)
+    return b.reshape(nb, k, n // COLS, COLS).transpose(0, 2, 1, 3)
+
+
 @njit(cache=True, parallel=True)
-def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
+def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1, from_zero):
     """acc[z] = FMA chain of A[ia[z]]·B[ib[z]] over k in [k0, k1), increasing k, onto acc[z].
 
     Row tile it of A (ROWS rows) is read in place from a (Ba, M, K) float32 (positive strides)
     when it < a_direct, else from the packed panel ap[:, it − a_direct] ((Ba, ·, K, ROWS) from
-    ``pack_rows``); bp: (Bb, Nt, K, COLS) float32 from :func:`pack_cols`; acc: (B, Mt·ROWS,
-    Nt·COLS) float32, C-contiguous, in: c, out: D (padding rows and columns are ignored).
-    Tasks are (batch, column panel, 64 rows).
+    ``pack_rows``); bp: (Bb, Nt, K, COLS) float32 column panels from :func:`col_panels` (packed,
+    or B itself: any stride along K); acc: (B, Mt·ROWS, Nt·COLS) float32, C-contiguous, in: c,
+    out: D (padding rows and columns are ignored). ``from_zero`` (with k1 > k0): c is +0 and
+    acc's content is never read (it need not be initialised; every element is written). Tasks
+    are (batch, column panel, 64 rows).
     """
     nb, ldc = acc.shape[0], acc.shape[2]
     mt, nt = acc.shape[1] // ROWS, bp.shape[1]
     sar, sak = a.strides[1] // 4, a.strides[2] // 4
+    ldb = bp.strides[2] // 4
     groups = (mt + ROW_TILES - 1) // ROW_TILES
     for t in prange(nb * nt * groups):
         z = t // (nt * groups)
@@ -343,14 +372,17 @@ def fma_chain(a, ap, a_direct, bp, acc, ia, ib, k0, k1):
         b_panel = bp[ib[z], jt]
         for kc in range(k0, k1, _KC):
             nk = min(_KC, k1 - kc)
+            b_addr = b_panel[kc:].ctypes.data
             for it in range(g * ROW_TILES, min(mt, (g + 1) * ROW_TILES)):
                 c_addr = acc[z, it * ROWS:, jt * COLS:].ctypes.data
                 if it < a_direct:
-                    _fma_strided(c_addr, ldc, a[ia[z], it * ROWS:, kc:].ctypes.data, sar, sak,
-                                 b_panel[kc:].ctypes.data, nk)
+                    a_addr, ars, aks = a[ia[z], it * ROWS:, kc:].ctypes.data, sar, sak
                 else:
-                    fma_tile(c_addr, ldc, ap[ia[z], it - a_direct, kc:].ctypes.data,
-                             b_panel[kc:].ctypes.data, nk)
+                    a_addr, ars, aks = ap[ia[z], it - a_direct, kc:].ctypes.data, 1, ROWS
+                if from_zero and kc == k0:
+                    _fma_tile_zero(c_addr, ldc, a_addr, ars, aks, b_addr, ldb, nk)
+                else:
+                    _fma_tile(c_addr, ldc, a_addr, ars, aks, b_addr, ldb, nk)
 
 
 def direct_rows(a: np.ndarray, rows: int) -> int:

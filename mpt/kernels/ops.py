@@ -18,7 +18,8 @@ outputs, never one sum):
   boundary (probability about 2^-29 per value), and never uses float32 SIMD approximations. The
   float32 kernels of the tanh ops (tanh, sigmoid, gelu_tanh, silu) give the same bits faster: a
   vectorized float64 evaluation with a proven error bound, and libm's wherever the two could
-  round differently (:mod:`mpt.kernels.tanh_ops`).
+  round differently (:mod:`mpt.kernels.tanh_ops`); so do the float32 exponentials of the
+  cross-entropy kernels (:mod:`mpt.kernels.exp_fast`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from mpt.kernels.exp_fast import exp_into
 from mpt.kernels.fma import fma64_chain
 from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
 from mpt.kernels.tanh_ops import TANH_OPS as _TANH_OPS
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 _CHUNK = 256  # columns per parallel task in sum_anb
+_ROW_BLOCK = 16  # rows per parallel task of the row kernels with scratch rows
 SERIAL_BELOW = 1 << 17  # elements: smaller problems run on the calling thread alone
 
 
@@ -93,6 +96,16 @@ def _row_max(row):
         if v > m or v != v:  # a NaN sticks (NaN > m and NaN <= m are both false)
             m = v
     return m
+
+
+@njit(inline="always")
+def _exp_row(row, m, ls, arg, out, doubt):
+    """out[j] = W(exp((row[j] − m) − ls)) (W: the row's dtype; every step rounded to W; libm's
+    float64 exp, vectorized with the same bits: ``mpt.kernels.exp_fast``); arg, doubt: scratch
+    rows."""
+    for j in range(row.size):
+        arg[j] = (row[j] - m) - ls
+    exp_into(arg, out, doubt, False)
 
 
 # ---- softmax and log-softmax ---------------------------------------------------------------------
@@ -272,27 +285,31 @@ def rms_norm_backward_rows(x, w, g, rstd, inv_n):
 def cross_entropy_rows(x, target, ignore_index):
     """Per row of logits x (R, C): ``logp_t = (x_t − m) − logsum`` exactly as ``softmax_rows``'s
     log-softmax computes it; returns (logp_t, m, logsum); rows whose target is ``ignore_index``
-    get logp_t = 0. Raises IndexError for a target outside [0, C)."""
+    get logp_t = 0. Raises IndexError for a target outside [0, C). Tasks of ``_ROW_BLOCK`` rows
+    (their exponentials vectorized: :func:`_exp_row`)."""
     R, C = x.shape
     logpt = np.zeros(R, x.dtype)
     ms = np.empty(R, x.dtype)
     lse = np.empty(R, x.dtype)
     bad = np.zeros(R, np.bool_)
-    for r in prange(R):
-        m = _row_max(x[r])
-        s = x.dtype.type(0)
-        for j in range(C):
-            s += x.dtype.type(math.exp(np.float64(x[r, j] - m)))
-        ls = x.dtype.type(math.log(np.float64(s)))
-        ms[r] = m
-        lse[r] = ls
-        t = target[r]
-        if t == ignore_index:
-            continue
-        if t < 0 or t >= C:
-            bad[r] = True
-            continue
-        logpt[r] = (x[r, t] - m) - ls
+    for b in prange((R + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        arg, e, doubt = np.empty(C, x.dtype), np.empty(C, x.dtype), np.empty(C, np.bool_)
+        for r in range(b * _ROW_BLOCK, min(R, (b + 1) * _ROW_BLOCK)):
+            m = _row_max(x[r])
+            _exp_row(x[r], m, x.dtype.type(0), arg, e, doubt)
+            s = x.dtype.type(0)
+            for j in range(C):
+                s += e[j]
+            ls = x.dtype.type(math.log(np.float64(s)))
+            ms[r] = m
+            lse[r] = ls
+            t = target[r]
+            if t == ignore_index:
+                continue
+            if t < 0 or t >= C:
+                bad[r] = True
+                continue
+            logpt[r] = (x[r, t] - m) - ls
     if bad.any():
         raise IndexError("cross_entropy: a target is outside [0, C)")
     return logpt, ms, lse
@@ -309,12 +326,14 @@ def cross_entropy_backward_rows(x, target, m, lse, gl):
     R, C = x.shape
     gx = np.empty_like(x)
     zero = x.dtype.type(0)
-    for r in prange(R):
-        t = target[r]
-        for j in range(C):
-            lp = (x[r, j] - m[r]) - lse[r]
-            gj = gl[r] if j == t else zero
-            gx[r, j] = gj - x.dtype.type(math.exp(np.float64(lp))) * gl[r]
+    for b in prange((R + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        arg, doubt = np.empty(C, x.dtype), np.empty(C, np.bool_)
+        for r in range(b * _ROW_BLOCK, min(R, (b + 1) * _ROW_BLOCK)):
+            _exp_row(x[r], m[r], lse[r], arg, gx[r], doubt)
+            t = target[r]
+            for j in range(C):
+                gj = gl[r] if j == t else zero
+                gx[r, j] = gj - gx[r, j] * gl[r]
     return gx
 
 

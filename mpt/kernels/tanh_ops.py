@@ -48,12 +48,13 @@ import math
 import numpy as np
 from numba import njit
 
+from mpt.kernels.exp_fast import (E_REL, INV_LN2, LN2, SHIFT, doubted, expm1_small, pow2_of,
+                                  rounded)
 from mpt.kernels.fma import fma64
-from mpt.kernels.mma import _as_bits, _from_bits, f32_bits
 
 __all__ = ["TANH_OPS", "CHUNK", "E_REL", "tanh_arg", "f64_of", "df64_of", "libm_f64", "libm_df64",
            "expm1_2a", "forward", "backward", "fast_forward", "fix_forward", "fast_backward",
-           "fix_backward", "doubted"]
+           "fix_backward"]
 
 _SQRT_2_OVER_PI = 0.7978845608028654      # sqrt(2/pi)
 _GELU_C = 0.044715                        # tanh-approximation coefficient (Hendrycks & Gimpel)
@@ -107,15 +108,7 @@ def libm_df64(op, v):
     return df64_of(op, v, math.tanh(tanh_arg(op, v)))
 
 
-_INV_LN2 = float.fromhex("0x1.71547652b82fep+0")  # 1/ln 2
-_LN2 = float.fromhex("0x1.62e42fefa39efp-1")      # ln 2
-_SHIFT = float.fromhex("0x1.80000000003ffp+52")   # 1.5·2^52 + 1023: fl(y + _SHIFT) − _SHIFT
-#                                                   is y rounded to an integer (0 <= y < 2^51)
-# 1/n! for n = 2 .. 11 (Taylor series of expm1(r) = r + r²·(1/2 + r/6 + …))
-_E2, _E3, _E4, _E5, _E6, _E7, _E8, _E9, _E10, _E11 = (
-    1.0 / math.factorial(n) for n in range(2, 12))
 _Z0, _Z2 = 2.0 * _SQRT_2_OVER_PI, 6.0 * _GELU_C * _SQRT_2_OVER_PI  # 2·du = _Z0 + _Z2·v²
-E_REL = 2.0**-42   # relative error bound of the vectorized f (and f') around their own size
 
 
 @njit(inline="always", error_model="numpy")
@@ -125,14 +118,9 @@ def expm1_2a(w):
     degree-11 Taylor polynomial of expm1, by fused multiply-adds."""
     x = 2.0 * abs(w)
     x = 40.0 if x > 40.0 else x
-    s = fma64(x, _INV_LN2, _SHIFT)         # _SHIFT + k, k = x/ln2 rounded to an integer
-    k = s - _SHIFT
-    r = fma64(k, -_LN2, x)
-    q = fma64(fma64(fma64(fma64(fma64(_E11, r, _E10), r, _E9), r, _E8), r, _E7), r, _E6)
-    q = fma64(fma64(fma64(fma64(q, r, _E5), r, _E4), r, _E3), r, _E2)
-    p = fma64(r * r, q, r)
-    scale = _from_bits(_as_bits(s) << 52)  # 2^k: the low bits of s are 1023 + k
-    return fma64(scale, p, scale - 1.0)
+    s = fma64(x, INV_LN2, SHIFT)           # SHIFT + k, k = x/ln2 rounded to an integer
+    scale = pow2_of(s)
+    return fma64(scale, expm1_small(fma64(s - SHIFT, -LN2, x)), scale - 1.0)
 
 
 @njit(inline="always", error_model="numpy")
@@ -166,15 +154,6 @@ def backward(op, v, g):
     return y, abs(g) * fma64(h + abs(z), 2.0 * E_REL, 2.0**-50)
 
 
-@njit(inline="always")
-def _rounded(y, reach):
-    """(fl32(y − reach), doubt): doubt when y ± reach may round to different float32 patterns (a
-    zero's sign included) or y is a NaN (whose payload libm's path decides). Without doubt,
-    fl32(y − reach) is fl32(y) (rounding is monotone): no third conversion."""
-    lo = np.float32(y - reach)
-    return lo, (f32_bits(lo) != f32_bits(np.float32(y + reach))) | (lo != lo)
-
-
 @njit(inline="always", error_model="numpy")
 def fast_forward(x, out, doubt, op):
     """out = f(x) of a tanh op by :func:`forward` (op a constant where inlined: no branch in the
@@ -183,23 +162,10 @@ def fast_forward(x, out, doubt, op):
     unsure = 0
     for i in range(x.size):
         y, reach = forward(op, np.float64(x[i]))
-        out[i], flag = _rounded(y, reach)
+        out[i], flag = rounded(y, reach)
         doubt[i] = flag
         unsure += flag
     return unsure
-
-
-@njit(inline="always")
-def doubted(doubt, n):
-    """The n indices i with doubt[i], in increasing order."""
-    idx = np.empty(n, np.int64)
-    j = 0
-    for i in range(doubt.size):
-        idx[j] = i
-        j += doubt[i]
-        if j == n:
-            break
-    return idx
 
 
 @njit(inline="always")
@@ -217,7 +183,7 @@ def fast_backward(x, g, out, doubt, op):
     unsure = 0
     for i in range(x.size):
         y, reach = backward(op, np.float64(x[i]), np.float64(g[i]))
-        out[i], flag = _rounded(y, reach)
+        out[i], flag = rounded(y, reach)
         doubt[i] = flag
         unsure += flag
     return unsure

@@ -15,8 +15,9 @@ __all__ = ["one_thread"]
 
 @contextlib.contextmanager
 def one_thread(enabled: bool = True):
-    """Inside the block (when ``enabled``), Numba kernels run on the calling thread alone."""
-    if not enabled:
+    """Inside the block (when ``enabled``), Numba kernels run on the calling thread alone
+    (nothing to change when they already do: setting the count costs microseconds)."""
+    if not enabled or numba.get_num_threads() == 1:
         yield
         return
     saved = numba.get_num_threads()
