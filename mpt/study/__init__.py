@@ -1,7 +1,7 @@
 """L5: ``mpt study`` — train one small GPT under every precision recipe and compare what each did.
 
 **Workload.** ``mpt.nn.GPT`` (default: vocabulary 32, d_model 64, two blocks of four heads,
-context 16, batch 16; about 2½ minutes for every recipe and the quantization sections on two
+context 16, batch 16; about 2 minutes for every recipe and the quantization sections on two
 cores) learns a random first-order Markov chain (``mpt.train.corpus.MarkovCorpus``) whose
 entropy rate ``H`` is the best achievable loss; ``--text FILE`` trains on the file's bytes instead
 (vocabulary 256, no known optimum). Every recipe starts from the same FP32 initialisation and sees
