@@ -305,8 +305,8 @@ def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2,
         if drop[0]:
             dpc = W(dpc * drop[6]) if keep[c] else W(0.0)
         dsc[c] = W(W(pc[c] * W(dpc - d_r)) * tau)
-    _round_row(p[0, r], buf[0], keep, ncols, bc, rnd)
-    _round_row(ds[0, r], buf[1], every, ncols, bc, rnd)
+    _round_row(p[0, r], pc, keep, ncols, bc, rnd)
+    _round_row(ds[0, r], dsc, every, ncols, bc, rnd)
 
 
 @njit

@@ -86,31 +86,27 @@ def _codes_b(values, field_min, shift, eout):
 
 
 @njit(cache=True, parallel=True)
-def _panel_ranges(bits, field_min, lo, hi):
-    """lo/hi[t, i]: lowest/highest non-zero nominal exponent field (_NONE_LO / 0 if none; 255:
-    Inf or NaN) of element i = k·W + w of the packed panels bits (Q, K·W) (uint32 patterns)
-    whose index q ≡ t (mod T = lo.shape[0]). Element by element along contiguous rows: the
-    loops vectorize."""
-    nq, size = bits.shape
-    tasks = lo.shape[0]
+def _panel_magnitudes(bits, mags):
+    """mags[t] (2, K·W): the (top, low) of :func:`_widen_magnitudes` per element i = k·W + w
+    over the packed panels bits (Q, K·W) (uint32 patterns) whose index q ≡ t (mod T =
+    mags.shape[0]). Element by element along contiguous rows: the loops vectorize."""
+    nq, tasks = bits.shape[0], mags.shape[0]
     for t in prange(tasks):
+        mags[t, 0], mags[t, 1] = 0, 0xFFFFFFFF
         for q in range(t, nq, tasks):
-            for i in range(size):
-                lo[t, i], hi[t, i] = _widen(lo[t, i], hi[t, i], bits[q, i], field_min)
+            _fold_magnitudes(mags[t], bits[q])
 
 
 def _ranges_of_panels(values, emin):
     """(lo, hi)[k]: the lowest/highest non-zero nominal exponent field of column k of packed
-    panels values (B, P, K, W) float32 (_NONE_LO / 0 if none, 255: Inf or NaN). One partial
-    range per thread (min and max: the result does not depend on their number)."""
+    panels values (B, P, K, W) float32 (:func:`_fields`). One partial range per thread (min and
+    max: the result does not depend on their number)."""
     nb, npanel, k, width = values.shape
     bits = values.view(np.uint32).reshape(nb * npanel, k * width)
     tasks = max(1, min(bits.shape[0], numba.get_num_threads()))
-    lo = np.full((tasks, k * width), _NONE_LO, np.uint32)
-    hi = np.zeros((tasks, k * width), np.uint32)
-    _panel_ranges(bits, np.uint32(emin + 127), lo, hi)
-    return (lo.reshape(tasks, k, width).min(axis=(0, 2)),
-            hi.reshape(tasks, k, width).max(axis=(0, 2)))
+    mags = np.empty((tasks, 2, k, width), np.uint32)
+    _panel_magnitudes(bits, mags.reshape(tasks, 2, k * width))
+    return _fields(mags, np.uint32(emin + 127))
 
 
 def _panels(x, width):
@@ -163,6 +159,34 @@ def _widen_magnitudes(top, low, bits):
     0 − 1 wraps above every other."""
     m = np.uint32(bits << np.uint32(1))
     return max(top, m), min(low, np.uint32(m - np.uint32(1)))
+
+
+@njit(inline="always")
+def _fold_magnitudes(mags, x):
+    """mags (2, n): the (top, low) of :func:`_widen_magnitudes` widened element by element by
+    the (n,) uint32 patterns x."""
+    for j in range(x.size):
+        mags[0, j], mags[1, j] = _widen_magnitudes(mags[0, j], mags[1, j], x[j])
+
+
+@njit(cache=True)
+def _fields(mags, field_min):
+    """(lo, hi)[k] (uint32) from partial (top, low) magnitudes mags (T, 2, K, W) of
+    :func:`_widen_magnitudes` per (k, w): the nominal exponent fields of column k's smallest
+    and largest non-zero magnitude (monotone in the magnitude; at least ``field_min``; Inf and
+    NaN give 255; _NONE_LO / 0 if column k holds no non-zero value)."""
+    tasks, _, k, width = mags.shape
+    lo, hi = np.empty(k, np.uint32), np.empty(k, np.uint32)
+    for kk in range(k):
+        top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
+        for t in range(tasks):
+            for w in range(width):
+                top = max(top, mags[t, 0, kk, w])
+                low = min(low, mags[t, 1, kk, w])
+        smallest = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
+        lo[kk] = max(smallest >> np.uint32(23), field_min) if smallest else np.uint32(_NONE_LO)
+        hi[kk] = max(top >> np.uint32(24), field_min) if top else 0
+    return lo, hi
 
 
 @njit(cache=True)
@@ -221,14 +245,14 @@ def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
     """va/vb[p, k, w] = A[ia[z], i, k] / B[ib[z], k, j] for output d = (z, i, j) = p·W + w of
     (B, M, N) (W = va.shape[2]; padding: zeros), copied bit for bit; a, b: the C-contiguous
     (Ba, M, K) and (Bb, K, N) patterns of their kinds (``mpt.kernels.gemm.source``), flattened.
-    mags[t] (4, K, W): the (top, low) of :func:`_widen_magnitudes` of A's values, then of B's,
-    per (k, w) over the panels of task t (T = mags.shape[0] tasks of consecutive panels): each
-    panel is folded in while it is in cache, element by element, so that the loop vectorizes."""
+    mags[x, t] (2, K·W): the (top, low) of :func:`_widen_magnitudes` of A's values (x = 0),
+    of B's (x = 1), per (k, w) over the panels of task t (T = mags.shape[1] tasks of
+    consecutive panels): each panel is folded in while it is in cache."""
     npanel, k, width = va.shape
-    tasks, span = mags.shape[0], k * width
+    tasks, span = mags.shape[1], k * width
     for t in prange(tasks):
-        acc = mags[t].reshape(4, span)
-        acc[0], acc[1], acc[2], acc[3] = 0, 0xFFFFFFFF, 0, 0xFFFFFFFF
+        for x in range(2):
+            mags[x, t, 0], mags[x, t, 1] = 0, 0xFFFFFFFF
         row, col = np.empty(width, np.int64), np.empty(width, np.int64)
         for p in range(t * npanel // tasks, (t + 1) * npanel // tasks):
             w_n = _lane_offsets(p, width, ia, ib, m, n, k, row, col)
@@ -238,31 +262,8 @@ def _lane_values(a, kind_a, b, kind_b, ia, ib, m, n, va, vb, mags):
                     vb[p, kk, w] = as_f32_pattern(b[col[w] + kk * n], kind_b)
                 for w in range(w_n, width):
                     va[p, kk, w], vb[p, kk, w] = 0, 0
-            xa, xb = va[p].reshape(span), vb[p].reshape(span)
-            for j in range(span):
-                acc[0, j], acc[1, j] = _widen_magnitudes(acc[0, j], acc[1, j], xa[j])
-                acc[2, j], acc[3, j] = _widen_magnitudes(acc[2, j], acc[3, j], xb[j])
-
-
-@njit(cache=True)
-def _lane_ranges(mags, field_min_a, field_min_b):
-    """:func:`product_range` of the (top, low) magnitudes of :func:`_lane_values`: per k, the
-    nominal exponent fields of the largest and the smallest non-zero magnitude (monotone in the
-    magnitude; at least the format's field_min; Inf and NaN give 255)."""
-    tasks, _, k, width = mags.shape
-    fields = np.empty((4, k), np.uint32)   # lo/hi field of A's, of B's
-    for kk in range(k):
-        for x, field_min in ((0, field_min_a), (1, field_min_b)):
-            top, low = np.uint32(0), np.uint32(0xFFFFFFFF)
-            for t in range(tasks):
-                for w in range(width):
-                    top = max(top, mags[t, 2 * x, kk, w])
-                    low = min(low, mags[t, 2 * x + 1, kk, w])
-            smallest = np.uint32(np.uint32(low + np.uint32(1)) >> np.uint32(1))
-            fields[2 * x, kk] = max(smallest >> np.uint32(23), field_min) if smallest \
-                else np.uint32(_NONE_LO)
-            fields[2 * x + 1, kk] = max(top >> np.uint32(24), field_min) if top else 0
-    return product_range(fields[0], fields[1], fields[2], fields[3])
+            _fold_magnitudes(mags[0, t], va[p].reshape(span))
+            _fold_magnitudes(mags[1, t], vb[p].reshape(span))
 
 
 @njit(cache=True, parallel=True)
@@ -291,12 +292,13 @@ def lane_values(a, b, ia, ib, emin_a, emin_b):
     npanel = -(-ia.size * a.shape[1] * b.shape[2] // BLOCK_COLS)
     va, vb = (np.empty((npanel, k, BLOCK_COLS), np.float32) for _ in range(2))
     tasks = max(min(npanel, numba.get_num_threads()), 1)   # (min and max: any split is exact)
-    mags = np.empty((tasks, 4, k, BLOCK_COLS), np.uint32)
+    mags = np.empty((2, tasks, 2, k, BLOCK_COLS), np.uint32)
     (bits_a, kind_a), (bits_b, kind_b) = (source(np.ascontiguousarray(x)) for x in (a, b))
     _lane_values(bits_a.reshape(-1), kind_a, bits_b.reshape(-1), kind_b, ia, ib, a.shape[1],
-                 b.shape[2], va.view(np.uint32), vb.view(np.uint32), mags)
-    finite, *ranges = _lane_ranges(mags, np.uint32(emin_a + 127), np.uint32(emin_b + 127))
-    return (va, vb), (finite, tuple(int(r) for r in ranges))
+                 b.shape[2], va.view(np.uint32), vb.view(np.uint32),
+                 mags.reshape(2, tasks, 2, k * BLOCK_COLS))
+    return (va, vb), _ranges(*_fields(mags[0], np.uint32(emin_a + 127)),
+                             *_fields(mags[1], np.uint32(emin_b + 127)))
 
 
 def lane_codes(va, vb, emin_a, emin_b, shifts):
@@ -315,7 +317,7 @@ def tile_pack(x, field_min, vout, lo, hi):
     """Panels of x (R, K) float32 (any strides) for a tile call: vout[p, k, w] = x[p·W + w, k]
     (0 past R) for panels of width W = vout.shape[2] (a multiple of 8) along its rows, and
     lo/hi[k] widened by the nominal exponent fields of the non-zero values of column k (see
-    :func:`_panel_ranges`). The copy follows x's memory order (runs along a column, or 8 x 8
+    :func:`_widen`). The copy follows x's memory order (runs along a column, or 8 x 8
     blocks of rows), the ranges run over the packed panels, so that the loops vectorize.
     Returns the number of panels."""
     nr, k = x.shape

@@ -290,12 +290,8 @@ def _pack_values(bits, kind, along, vout):
         z, p = t // npanel, t % npanel
         w_n = min(width, nr - p * width)
         r0 = p * width
-        if along and width * k <= 4 * _SLICE_WORDS:
-            for w in range(w_n):
-                for kk in range(k):
-                    vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
-        elif along:   # a panel past L1 (64 KiB): in slices of k whose part of it stays there
-            step = _SLICE_WORDS // width
+        if along:   # in slices of k whose part of the panel stays in L1 (one if it all fits)
+            step = max(k, 1) if width * k <= 4 * _SLICE_WORDS else _SLICE_WORDS // width
             for k0 in range(0, k, step):
                 for w in range(w_n):
                     for kk in range(k0, min(k, k0 + step)):

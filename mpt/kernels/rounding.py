@@ -475,12 +475,12 @@ def narrow_fp16(x, out):
     """out = fp16 bit patterns of float32 bit patterns x ((n,) uint32 -> (n,) uint16), rounded
     to nearest-even, the IEEE conversion: a magnitude of at least 2^16 is Inf (or a NaN, whose
     payload keeps its top 10 bits, at least 1, as numpy's conversion does; ``mpt.round`` gives
-    the quiet NaN 0x7E00 with the sign instead); below
-    2^-14 (fp16 subnormals) one float32 addition of 2^-1 rounds at the grid of 2^-24 (the
-    hardware's RNE), and the sum's low bits are the code; otherwise the exponent is rebiased and
-    adding 0xFFF plus the kept parity bit carries exactly when the 13 dropped bits are above a
-    tie, or a tie next to an odd value (a carry out of the fraction is the next binade, out of
-    65504 Inf). Branch-free, so that the loop vectorizes."""
+    the quiet NaN 0x7E00 with the sign instead); below 2^-14 (fp16 subnormals) one float32
+    addition of 2^-1 rounds at the grid of 2^-24 (the hardware's RNE), and the sum's low bits
+    are the code; otherwise the exponent is rebiased and adding 0xFFF plus the kept parity bit
+    carries exactly when the 13 dropped bits are above a tie, or a tie next to an odd value (a
+    carry out of the fraction is the next binade, out of 65504 Inf). Branch-free, so that the
+    loop vectorizes."""
     for i in range(x.size):
         b = x[i]
         mag = np.uint32(b & np.uint32(0x7FFFFFFF))
