@@ -273,13 +273,30 @@ def round_bits_philox(src, out, sp, key, stream):
 
 
 @njit(cache=True, inline="always")
-def _as_code(code, dp):
-    return code
+def _finish(code, dp, decode):
+    """``code`` itself, or with ``decode`` the float bits of its value (``dp``, a DecodeSpec)."""
+    return _decode_one(code, dp) if decode else code
 
 
 @njit(cache=True, inline="always")
-def _as_float(code, dp):
-    return _decode_one(code, dp)
+def _round_into(x, o, sp, mode, dp, decode):
+    """The deterministic drivers' loop of :func:`specialised` (inlined: its constants fold)."""
+    for i in range(x.size):
+        o[i] = _finish(_round_code(np.int64(x[i]), sp, mode, None), dp, decode)
+
+
+@njit(cache=True, inline="always")
+def _round_into_sr(x, o, sp, dp, decode, key, stream, first_block):
+    """The stochastic drivers' loop of :func:`specialised`: x starts at element
+    4 * first_block of the Philox stream (key, stream)."""
+    w = np.empty(x.size, np.uint32)  # (task,)
+    fill_words(w, key, stream, first_block)
+    for i in range(x.size):
+        o[i] = _finish(_round_code(np.int64(x[i]), sp, SR, np.int64(w[i])), dp, decode)
+
+
+#: The DecodeSpec that :func:`specialised` freezes when it outputs codes (never read)
+_NO_DECODE = DecodeSpec(*([0] * len(DecodeSpec._fields)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -292,34 +309,32 @@ def specialised(sp, mode, dp=None):
     ``serial(src, out, key, stream, 0)`` (as :func:`round_run_philox`). With a DecodeSpec ``dp``
     (float32-stored formats) ``out`` gets the float bits of the value instead of the code (as
     :func:`decode_bits` after). Compiled on first call, cached on disk by Numba (one entry per
-    spec).
+    spec): the drivers close over plain data only (namedtuples, ints, a bool), which Numba's
+    cache key hashes alike in every process; a captured jitted function would not (its pickle
+    holds a per-process id), and every process would compile again.
     """
-    finish = _as_code if dp is None else _as_float
+    decode, dp = dp is not None, _NO_DECODE if dp is None else dp
     if mode == SR:
         @njit(cache=True)
         def run_sr(x, o, key, stream, first_block):
-            w = np.empty(x.size, np.uint32)  # (task,)
-            fill_words(w, key, stream, first_block)
-            for i in range(x.size):
-                o[i] = finish(_round_code(np.int64(x[i]), sp, SR, np.int64(w[i])), dp)
+            _round_into_sr(x, o, sp, dp, decode, key, stream, first_block)
 
         @njit(cache=True, parallel=True)
         def kernel_sr(src, out, key, stream):
             for t in prange((src.size + CHUNK - 1) // CHUNK):
                 lo, hi = _chunk(t, src.size)
-                run_sr(src[lo:hi], out[lo:hi], key, stream, lo // BLOCK)
+                _round_into_sr(src[lo:hi], out[lo:hi], sp, dp, decode, key, stream, lo // BLOCK)
         return run_sr, kernel_sr
 
     @njit(cache=True)
     def run(x, o):
-        for i in range(x.size):
-            o[i] = finish(_round_code(np.int64(x[i]), sp, mode, None), dp)
+        _round_into(x, o, sp, mode, dp, decode)
 
     @njit(cache=True, parallel=True)
     def kernel(src, out):
         for t in prange((src.size + CHUNK - 1) // CHUNK):
             lo, hi = _chunk(t, src.size)
-            run(src[lo:hi], out[lo:hi])
+            _round_into(src[lo:hi], out[lo:hi], sp, mode, dp, decode)
     return run, kernel
 
 
