@@ -1,6 +1,8 @@
 """mpt.round: bit equality with the exact oracle (every mode) and with ml_dtypes/numpy (RNE, where
 the installed peer is right: tests/peers.py)."""
 import math
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -287,6 +289,30 @@ def test_specialised_kernels_equal_generic(name, mode):
         K.round_bits(bits(x), want, sp, K.MODE_CODES[mode])
         got = mpt.round(x, fmt, mode)
     assert np.array_equal(bits(got), want)
+
+
+_CACHE_KEY = """
+import hashlib
+import numpy as np
+from numba.core.serialize import dumps
+from mpt.formats import get_format
+from mpt.kernels import rounding as K
+sp = K.round_spec(get_format("fp8_e4m3fn"), np.float32)
+dp = K.decode_spec(get_format("fp6_e2m3fn"))
+for mode, spec in ((K.MODE_CODES["nearest_even"], None), (K.SR, dp)):
+    for driver in K.specialised(sp, mode, spec):
+        cells = tuple(c.cell_contents for c in driver.py_func.__closure__)
+        print(hashlib.sha256(dumps(cells)).hexdigest())
+"""
+
+
+def test_specialised_drivers_hit_numbas_disk_cache_in_a_new_process():
+    """Numba keys the disk cache of a closure on the pickle of what it closes over: the
+    specialised drivers' pickles must be the same in every process (a captured jitted function
+    carries a per-process id, and every process then compiles again)."""
+    runs = [subprocess.run([sys.executable, "-c", _CACHE_KEY], capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    assert len(runs[0]) == 4 and runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("call, error, match", [
