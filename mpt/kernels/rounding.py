@@ -43,9 +43,8 @@ negative inputs and NaN give NaN (0xFF), results below 2^-127 give 2^-127. Integ
 with the mode at the units place and clamp to [lowest, max] (Inf included).
 
 Two ways to run the same element code: the drivers below take the RoundSpec at run time (one
-compilation per array dtype); :func:`specialised` compiles a driver with the spec and mode frozen
-as constants (one compilation per format and options, cached on disk), which folds the format
-logic away and runs several times faster -- worth it for large arrays only.
+compilation per array dtype); :func:`specialised` freezes spec and mode as constants (compiled per
+format, mode and options, cached on disk), several times faster: worth it for large arrays.
 
 Oracles: ``mpt.reference.rounding`` (exact rationals, and a float64-vectorised version for
 exhaustive domains). Tests: ``tests/test_rounding*.py``.
@@ -61,10 +60,9 @@ from mpt.kernels.random import BLOCK, CHUNK, fill_words
 
 __all__ = [
     "RNE", "RNA", "RZ", "RU", "RD", "SR", "MODE_CODES",
-    "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source",
+    "RoundSpec", "DecodeSpec", "round_spec", "decode_spec", "direct_source", "canonical_nan",
     "round_bits", "round_bits_words", "round_bits_philox", "specialised", "decode_bits",
     "fp16_as_f32", "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16", "widen16", "narrow16",
-    "canonical_nan",
 ]
 
 RNE, RNA, RZ, RU, RD, SR = 0, 1, 2, 3, 4, 5
@@ -273,47 +271,36 @@ def round_bits_philox(src, out, sp, key, stream):
 
 
 @njit(cache=True, inline="always")
-def _finish(code, dp, decode):
-    """``code`` itself, or with ``decode`` the float bits of its value (``dp``, a DecodeSpec)."""
-    return _decode_one(code, dp) if decode else code
-
-
-@njit(cache=True, inline="always")
 def _round_into(x, o, sp, mode, dp, decode):
     """The deterministic drivers' loop of :func:`specialised` (inlined: its constants fold)."""
     for i in range(x.size):
-        o[i] = _finish(_round_code(np.int64(x[i]), sp, mode, None), dp, decode)
+        code = _round_code(np.int64(x[i]), sp, mode, None)
+        o[i] = _decode_one(code, dp) if decode else code
 
 
 @njit(cache=True, inline="always")
 def _round_into_sr(x, o, sp, dp, decode, key, stream, first_block):
-    """The stochastic drivers' loop of :func:`specialised`: x starts at element
-    4 * first_block of the Philox stream (key, stream)."""
+    """The stochastic drivers' loop, x from element 4 * first_block of the stream on."""
     w = np.empty(x.size, np.uint32)  # (task,)
     fill_words(w, key, stream, first_block)
     for i in range(x.size):
-        o[i] = _finish(_round_code(np.int64(x[i]), sp, SR, np.int64(w[i])), dp, decode)
-
-
-#: The DecodeSpec that :func:`specialised` freezes when it outputs codes (never read)
-_NO_DECODE = DecodeSpec(*([0] * len(DecodeSpec._fields)))
+        code = _round_code(np.int64(x[i]), sp, SR, np.int64(w[i]))
+        o[i] = _decode_one(code, dp) if decode else code
 
 
 @functools.lru_cache(maxsize=None)
 def specialised(sp, mode, dp=None):
     """Drivers with ``sp``, ``mode`` (and ``dp``) frozen as compile-time constants (same bits).
 
-    Returns ``(serial, parallel)``. ``mode`` in RNE..RD gives ``parallel(src, out)`` (as
-    :func:`round_bits`) and ``serial(src, out)`` (as :func:`round_run`); ``mode == SR`` gives
-    ``parallel(src, out, key, stream)`` (as :func:`round_bits_philox`) and
-    ``serial(src, out, key, stream, 0)`` (as :func:`round_run_philox`). With a DecodeSpec ``dp``
-    (float32-stored formats) ``out`` gets the float bits of the value instead of the code (as
-    :func:`decode_bits` after). Compiled on first call, cached on disk by Numba (one entry per
-    spec): the drivers close over plain data only (namedtuples, ints, a bool), which Numba's
-    cache key hashes alike in every process; a captured jitted function would not (its pickle
-    holds a per-process id), and every process would compile again.
+    Returns ``(serial, parallel)``: for ``mode`` in RNE..RD ``serial(src, out)`` and
+    ``parallel(src, out)`` (as :func:`round_run`, :func:`round_bits`); for SR
+    ``serial(src, out, key, stream, 0)`` and ``parallel(src, out, key, stream)`` (as
+    :func:`round_run_philox`, :func:`round_bits_philox`). With a DecodeSpec ``dp`` (float32-stored
+    formats) ``out`` gets the float bits of the value (as :func:`decode_bits` after). Compiled on
+    first call and cached on disk by Numba, one entry per spec: the drivers close over plain data
+    only (a captured jitted function pickles with a per-process id: no cache hit in a new process).
     """
-    decode, dp = dp is not None, _NO_DECODE if dp is None else dp
+    decode, dp = dp is not None, dp or DecodeSpec(*[0] * len(DecodeSpec._fields))  # dp unread
     if mode == SR:
         @njit(cache=True)
         def run_sr(x, o, key, stream, first_block):
