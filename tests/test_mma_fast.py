@@ -20,8 +20,8 @@ from mpt.formats import get_format
 from mpt.kernels import block_gemm as K
 from mpt.kernels import block_pack as BP
 from mpt.kernels import gemm as G
-from mpt.kernels.rounding import (canonical_nan, narrow16, narrow_bf16, narrow_fp16, widen16,
-                                  widen_bf16, widen_fp16)
+from mpt.kernels.half import (canonical_nan, narrow16, narrow_bf16, narrow_fp16, widen16,
+                              widen_bf16, widen_fp16)
 from mpt.reference.mma import ieee_fma_reference, mma_reference
 
 BF16 = ml_dtypes.bfloat16

@@ -38,7 +38,7 @@ from mpt.autograd import conversion as _conversion
 from mpt.autograd.context import State
 from mpt.autograd.hooks import notify_grad
 from mpt.formats import Format, get_format
-from mpt.kernels.rounding import narrow16, widen16
+from mpt.kernels.half import narrow16, widen16
 from mpt.rounding import round as round_format
 
 __all__ = [
@@ -100,7 +100,7 @@ def round_to(x: np.ndarray, fmt: Format, mode: str = "nearest_even") -> np.ndarr
     rounding) a round-to-nearest-even into a format they name follows them instead.
 
     Round-to-nearest-even casts float32 → bf16 and float32 → fp16 take the vectorized kernels
-    (``mpt.kernels.rounding.narrow16``), float64 → fp32/fp16 numpy's
+    (``mpt.kernels.half.narrow16``), float64 → fp32/fp16 numpy's
     ``astype``, a single correctly rounded RNE conversion for exactly these pairs; all of them
     give ``mpt.round``'s bits (tested on random bit patterns, and on every float32 with
     ``-m exhaustive``) but for NaN payloads (a NaN stays a NaN of its sign; fp16 keeps the top

@@ -38,7 +38,7 @@ from mpt.engines.operands import operands_class, tiles
 from mpt.formats import Format, get_format
 from mpt.kernels import mma as _mma
 from mpt.kernels.fma import fma_array
-from mpt.kernels.rounding import canonical_nan
+from mpt.kernels.half import canonical_nan
 from mpt.rounding import round as round_format
 
 __all__ = ["mma", "gemm", "Scale"]

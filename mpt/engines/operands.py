@@ -28,7 +28,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
-from mpt.kernels.rounding import widen16
+from mpt.kernels.half import widen16
 from mpt.rounding import decode
 from mpt.rounding import round as _round
 

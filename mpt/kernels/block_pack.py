@@ -23,8 +23,8 @@ from numba import njit, prange
 
 from mpt.kernels.block_gemm import BLOCK_COLS, BLOCK_ROWS
 from mpt.kernels.gemm import as_f32_pattern, next_output, pack_panels, source
+from mpt.kernels.half import widen16
 from mpt.kernels.mma import f32_bits, f32_from_bits
-from mpt.kernels.rounding import widen16
 
 __all__ = ["product_range", "finite_range", "finite_range_2d",
            "pack_block_values", "block_codes", "lane_values", "lane_codes", "tile_pack",

@@ -37,8 +37,8 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from mpt.kernels.fma import fma32
+from mpt.kernels.half import fp16_as_f32
 from mpt.kernels.mma import block_finish, block_scale, block_start
-from mpt.kernels.rounding import fp16_as_f32
 
 __all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source",
            "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "col_panels",
@@ -270,7 +270,7 @@ def source(x: np.ndarray):
 def as_f32_pattern(x, kind):
     """The 32-bit pattern of a source pattern of ``kind`` (:func:`source`), exact: a bf16
     pattern is the top half of its float32's; an fp16 pattern widens as IEEE conversion does
-    (``mpt.kernels.rounding.fp16_as_f32``)."""
+    (``mpt.kernels.half.fp16_as_f32``)."""
     if kind == BF16:
         return np.uint32(x) << np.uint32(16)
     if kind == FP16:

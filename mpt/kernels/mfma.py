@@ -45,8 +45,8 @@ from numba.core.extending import overload
 
 from mpt.formats import get_format
 from mpt.kernels.fma import fma32, fma64
+from mpt.kernels.half import widen16
 from mpt.kernels.mma import pow2_floor, recip_pow2
-from mpt.kernels.rounding import widen16
 
 __all__ = ["DEFAULT_NAN32", "DEFAULT_NAN64", "BIG_NAN32", "decode", "decode_scales",
            "fma_chain", "pairwise_chain", "fused_chain", "MX_BLOCK"]
