@@ -62,6 +62,7 @@ from mpt.kernels.flash_gemm import (BLOCK, FMA, FMA_TILE, MUL_ADD, NO, YES, ZERO
                                     tile_mm, tile_scratch)
 from mpt.kernels.mma import _as_bits, _from_bits, threads_for
 from mpt.kernels.random import philox_block, split64
+from mpt.kernels.threads import run_tasks
 
 __all__ = ["FMA_TILE", "FMA", "MUL_ADD", "BLOCK", "engine_params", "rounding_params",
            "dropout_params", "flash_forward", "flash_backward"]
@@ -212,9 +213,10 @@ def _forward_row(s, p, acc, keep, r, bc, ncols, dv, m, l, tau, tau2, exp2, rnd, 
     l[r] = lr
 
 
-@njit
+@njit(inline="always")
 def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng, rnd, drop):
-    """Query block t % nqb of query batch t // nqb: the whole forward of its rows."""
+    """Query block t % nqb of query batch t // nqb: the whole forward of its rows. (Inlined into
+    :func:`_forward`: a separate function is one more large LLVM module to optimize and emit.)"""
     Z, nq, d = q.shape
     nk, dv = k.shape[1], v.shape[2]
     W = q.dtype.type
@@ -259,10 +261,11 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
             o[z, i0 + r, c] = W(W(acc[r, c]) * scale)
 
 
-@njit(cache=True, parallel=True)
-def _forward(q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng, rnd, drop):
-    tasks = q.shape[0] * ((q.shape[1] + bq - 1) // bq)
-    for t in prange(tasks):
+@njit(cache=True, nogil=True)
+def _forward(first, step, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng, rnd,
+             drop):
+    """Forward tasks first, first + step, ... (``mpt.kernels.threads.run_tasks``)."""
+    for t in range(first, q.shape[0] * ((q.shape[1] + bq - 1) // bq), step):
         _forward_task(np.int64(t), q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng,
                       rnd, drop)
 
@@ -309,10 +312,11 @@ def _backward_row(s, dp, p, ds, keep, r, bc, ncols, lse_r, d_r, tau, tau2, exp2,
     _round_row(ds[0, r], dsc, every, ncols, bc, rnd)
 
 
-@njit
+@njit(inline="always")
 def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau, tau2,
                    causal, bq, bk, exp2, eng, rnd, drop):
-    """Key/value batch zk: dK, dV of its keys and dQ of the query batches that read it."""
+    """Key/value batch zk: dK, dV of its keys and dQ of the query batches that read it (inlined,
+    as :func:`_forward_task`)."""
     Z, nq, d = q.shape
     Zk, nk, dv = v.shape
     W = q.dtype.type
@@ -363,10 +367,11 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
                 dvo[zk, j0 + r, c] = W(dv_acc[r, c] * drop[6]) if drop[0] else dv_acc[r, c]
 
 
-@njit(cache=True, parallel=True)
-def _backward(q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau, tau2, causal, bq, bk,
-              exp2, eng, rnd, drop):
-    for zk in prange(k.shape[0]):
+@njit(cache=True, nogil=True)
+def _backward(first, step, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau, tau2,
+              causal, bq, bk, exp2, eng, rnd, drop):
+    """Backward tasks (key/value batches) first, first + step, ... (as :func:`_forward`)."""
+    for zk in range(first, k.shape[0], step):
         _backward_task(np.int64(zk), q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau,
                        tau2, causal, bq, bk, exp2, eng, rnd, drop)
 
@@ -401,9 +406,9 @@ def flash_forward(q, k, v, kv_of, *, scale, causal, block_q, block_k, exp2, engi
     o = np.zeros((q.shape[0], q.shape[1], v.shape[2]), q.dtype)
     lse = np.zeros(q.shape[:2], q.dtype)
     with threads_for(q.shape[0] * q.shape[1] * k.shape[1] * (q.shape[2] + v.shape[2])):
-        _forward(q, k, v, kv_of, o, lse, W(scale), W(scale * LOG2E),
-                 bool(causal), int(block_q), int(block_k), bool(exp2), engine, rounding,
-                 dropout_params(dropout, W))
+        run_tasks(_forward, q.shape[0] * ((q.shape[1] + block_q - 1) // block_q), q, k, v, kv_of,
+                  o, lse, W(scale), W(scale * LOG2E), bool(causal), int(block_q), int(block_k),
+                  bool(exp2), engine, rounding, dropout_params(dropout, W))
     return o, lse
 
 
@@ -421,7 +426,7 @@ def flash_backward(q, k, v, o, do, lse, kv_of, *, scale, causal, block_q, block_
     dv = np.zeros(v.shape, q.dtype)
     with threads_for(q.shape[0] * q.shape[1] * k.shape[1] * (q.shape[2] + v.shape[2])):
         dsum = _rowdot(do, o)
-        _backward(q, k, v, do, lse, dsum, order, start, dq, dk, dv, W(scale),
-                  W(scale * LOG2E), bool(causal), int(block_q), int(block_k), bool(exp2), engine,
-                  rounding, dropout_params(dropout, W))
+        run_tasks(_backward, k.shape[0], q, k, v, do, lse, dsum, order, start, dq, dk, dv,
+                  W(scale), W(scale * LOG2E), bool(causal), int(block_q), int(block_k), bool(exp2),
+                  engine, rounding, dropout_params(dropout, W))
     return dq, dk, dv
