@@ -18,6 +18,7 @@ import mpt.functional as F
 from mpt.functional.attention import flash_mma_model
 from mpt.kernels.attention import LOG2E
 from mpt.kernels.random import random_words
+from mpt.kernels.threads import run_tasks
 from mpt.reference import attention as RA
 from mpt.reference import mma as RM
 from mpt.reference.optim import fma32 as fma32_exact
@@ -226,6 +227,35 @@ def test_bits_do_not_depend_on_the_thread_count(fmt, model):
         runs.append([bits(out).copy()] + [bits(t.grad).copy() for t in (q, k, v)])
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+@numba.njit(nogil=True)
+def _record_slots(first, step, out):
+    for t in range(first, out.size, step):
+        out[t] += first * 1000 + step * 100 + 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("ntasks", [0, 1, 2, 5])
+def test_run_tasks_runs_every_task_once_round_robin(threads, ntasks):
+    """Each task runs once, task t on slot t % n of n = min(threads, tasks) (the attention
+    kernels' threads); an exception of any slot reaches the caller."""
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip("needs 2 Numba threads")
+    out = np.zeros(ntasks, np.int64)
+    numba.set_num_threads(threads)
+    try:
+        run_tasks(_record_slots, ntasks, out)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    n = max(min(threads, ntasks), 1)
+    np.testing.assert_array_equal(out, [(t % n) * 1000 + n * 100 + 1 for t in range(ntasks)])
+
+    def failing(first, step):
+        if first == step - 1:
+            raise ValueError(f"slot {first}")
+    with pytest.raises(ValueError, match=f"slot {n - 1}"):
+        run_tasks(failing, n)
 
 
 def test_multihead_attention_and_gpt_use_the_flash_backend():
