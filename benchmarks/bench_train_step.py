@@ -19,7 +19,8 @@ The SGD step is the plain float32 loop ``p ← p − lr·g`` (mpt.optim has the 
 Each configuration's ratio to torch fp32 is printed next to its target (issue 17: fp32 <= 1.5x,
 bf16 autocast <= 5x), for every thread count of ``--threads`` (Numba's and torch's, set in this
 process; default 2 then 1). ``--profile`` prints the functions that dominate the mpt steps
-(cProfile, own time, on one thread).
+(cProfile, own time, on one thread). ``OMP_WAIT_POLICY=PASSIVE`` is set unless given (Numba's
+OpenMP workers otherwise spin after each parallel kernel, on the cores the next kernel needs).
 
     python benchmarks/bench_train_step.py [--repeat 10] [--threads 2 1] [--profile]
 """
@@ -29,12 +30,15 @@ import argparse
 import cProfile
 import importlib.util
 import io
+import os
 import pathlib
 import pstats
 import sys
 import time
 
-import numpy as np
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
