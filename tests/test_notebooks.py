@@ -88,12 +88,22 @@ def _normalized(outputs) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def kernel():
-    """nbclient and a python3 kernel (ipykernel, matplotlib's inline backend), or a skip."""
+    """nbclient and a python3 kernel (ipykernel, matplotlib's inline backend), or a skip.
+
+    The kernels import the mpt this process imported (its folder goes first on their
+    PYTHONPATH): ``python -m pytest`` in a checkout tests the checkout, not an installed copy,
+    and the kernels reuse its compiled Numba kernels instead of compiling an installed copy's."""
     for module in ("nbformat", "nbclient", "ipykernel", "matplotlib"):
         pytest.importorskip(module, reason=f"{module} is not installed: pip install '.[test]'")
-    # jupyter_core's future path layout (no DeprecationWarning about platformdirs)
-    os.environ.setdefault("JUPYTER_PLATFORM_DIRS", "1")
-    return execute
+    import mpt
+
+    root = str(Path(mpt.__file__).resolve().parents[1])
+    with pytest.MonkeyPatch.context() as env:
+        # jupyter_core's future path layout (no DeprecationWarning about platformdirs)
+        env.setenv("JUPYTER_PLATFORM_DIRS", "1")
+        env.setenv("PYTHONPATH", os.pathsep.join([root] + [p for p in os.environ.get(
+            "PYTHONPATH", "").split(os.pathsep) if p]))
+        yield execute
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
@@ -107,3 +117,14 @@ def test_notebook_reproduces_its_outputs(source, kernel):
         if old.cell_type == "code":
             assert _normalized(new.outputs) == _normalized(old.outputs), \
                 f"{source.stem} cell {index} changed its outputs:\n{old.source}"
+
+
+def test_kernels_import_the_mpt_under_test(kernel):
+    import nbformat
+
+    import mpt
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import pathlib, mpt; print(pathlib.Path(mpt.__file__).resolve())")])
+    out = kernel.execute(nb).cells[0].outputs
+    assert [o.get("text", "").strip() for o in out] == [str(Path(mpt.__file__).resolve())]

@@ -203,8 +203,10 @@ class _FlashOptions:
 
 
 def _values(x, batch):
-    """The exact work-dtype values of a storage array as a C-contiguous (batch, rows, cols)."""
-    return np.ascontiguousarray(opmath(x)).reshape(batch, x.shape[-2], x.shape[-1])
+    """The exact work-dtype values of a storage array as a C-contiguous, writable (batch, rows,
+    cols): Numba types a read-only array apart, and would compile the kernels once more for it
+    (an empty gradient from ``broadcast_to`` is read-only and counts as contiguous)."""
+    return np.require(opmath(x), requirements="CW").reshape(batch, x.shape[-2], x.shape[-1])
 
 
 class FlashAttention(Function):
