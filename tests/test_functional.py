@@ -418,3 +418,44 @@ def test_bits_do_not_depend_on_thread_count_or_run():
     other_run = subprocess.run([sys.executable, "-c", _SCRIPT.format(root=here)], env=env,
                                capture_output=True, text=True, check=True).stdout.strip()
     assert other_run == one
+
+
+def _kernel_signatures():
+    """{kernel: number of compiled signatures} over every jitted function of mpt.kernels."""
+    counts = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mpt.kernels"):
+            for attr, value in vars(module).items():
+                if isinstance(value, numba.core.registry.CPUDispatcher):
+                    counts[f"{name}.{attr}"] = len(value.signatures)
+    return counts
+
+
+def _ops_forward_backward(view):
+    """Cross-entropy, layer/RMS norm, fp32/bf16/fp64 matmuls and naive attention, forward and
+    backward, on inputs that are fresh writable arrays or (``view``) read-only tensor views."""
+    rng = np.random.default_rng(3)
+
+    def leaf(shape, fmt="fp32"):
+        t = mpt.tensor(mpt.round(rng.standard_normal(shape), fmt), fmt, requires_grad=True)
+        return t, (F.reshape(t, shape) if view else t)
+
+    for fmt in ("fp32", "bf16", "fp64"):
+        (a, av), (b, bv) = leaf((2, 8, 16), fmt), leaf((16, 8), fmt)
+        F.sum(F.matmul(av, bv)).backward()
+    (x, xv), (w, wv) = leaf((6, 16)), leaf((16,))
+    F.sum(F.layer_norm(xv, (16,), wv) + F.rms_norm(xv, (16,), wv)).backward()
+    F.cross_entropy(xv, np.arange(6) % 16).backward()
+    q, qv = leaf((1, 2, 8, 16))
+    F.sum(F.scaled_dot_product_attention(qv, qv, qv)).backward()
+
+
+def test_read_only_views_compile_no_kernel_again():
+    """Tensor views are read-only and Numba types read-only arrays apart: the drivers hand each
+    kernel one kind, so inputs that are views compile nothing the fresh arrays did not."""
+    _ops_forward_backward(view=False)
+    before = _kernel_signatures()
+    _ops_forward_backward(view=True)
+    grown = {k: n - before.get(k, 0) for k, n in _kernel_signatures().items()
+             if n != before.get(k, 0)}
+    assert not grown, grown

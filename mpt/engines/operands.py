@@ -28,6 +28,7 @@ import numpy as np
 
 from mpt.formats import get_format
 from mpt.kernels import gemm as _gemm
+from mpt.kernels import readonly
 from mpt.kernels.half import widen16
 from mpt.rounding import decode
 from mpt.rounding import round as _round
@@ -88,14 +89,17 @@ def decoded(x: np.ndarray, fmt: str) -> np.ndarray:
 
 def batched(x: np.ndarray, batch: tuple) -> tuple[np.ndarray, np.ndarray]:
     """(flattened (B', R, C) array — a view where numpy can make one —, (B,) index of each
-    broadcast batch element into it)."""
+    broadcast batch element into it), both read-only (``mpt.kernels.readonly``: operands that
+    are tensor views and fresh ones compile the kernels once)."""
     if x.ndim == 2 and not batch:                  # one matrix: the common case, kept cheap
-        return x[None], np.zeros(1, np.int64)
-    flat = x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:])
-    if x.shape[:-2] == batch:                      # nothing broadcast: element z is flat[z]
-        return flat, np.arange(flat.shape[0])
-    index = np.arange(flat.shape[0]).reshape(x.shape[:-2])
-    return flat, np.ascontiguousarray(np.broadcast_to(index, batch)).ravel()
+        flat, index = x[None], np.zeros(1, np.int64)
+    else:
+        flat = x.reshape((math.prod(x.shape[:-2]),) + x.shape[-2:])
+        index = np.arange(flat.shape[0])           # nothing broadcast: element z is flat[z]
+        if x.shape[:-2] != batch:
+            index = np.ascontiguousarray(np.broadcast_to(index.reshape(x.shape[:-2]),
+                                                         batch)).ravel()
+    return readonly(flat), readonly(index)
 
 
 def tiles(n: int, size: int) -> int:

@@ -55,6 +55,7 @@ from mpt.functional.nn_ops import dropout_mask
 from mpt.functional.rng import next_stream
 from mpt.functional.shape import getitem
 from mpt.kernels import attention as _flash
+from mpt.kernels import readonly
 from mpt.kernels.ops import softmax_backward_rows, softmax_rows
 
 __all__ = ["scaled_dot_product_attention", "causal_mask", "flash_mma_model", "flash_runs",
@@ -119,7 +120,7 @@ class Attention(Function):
             dp = (dp * keep) * ctx.drop_scale
         shape = p.shape
         with np.errstate(invalid="ignore", over="ignore"):
-            ds = softmax_backward_rows(as_rows(p), as_rows(dp))
+            ds = softmax_backward_rows(readonly(as_rows(p)), readonly(as_rows(dp)))
             ds = round_to(ds.reshape(shape) * ctx.scale, fmt)
         dq = unbroadcast(matmul_acc(ds, k, fmt, ctx.model), q.shape) if need_q else None
         dk = unbroadcast(matmul_acc(_t(ds), q, fmt, ctx.model), k.shape) if need_k else None

@@ -17,6 +17,7 @@ from mpt.autograd.tensor import opmath, round_to
 from mpt.functional._common import (as_index_array, as_rows, check_tensor, common_format, sum_axes,
                                     work_dtype)
 from mpt.functional.autocast import autocast_op
+from mpt.kernels import readonly
 from mpt.kernels.ops import cross_entropy_backward_rows, cross_entropy_rows
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss"]
@@ -130,7 +131,7 @@ class CrossEntropy(_NLLBase):
     @staticmethod
     def forward(ctx, x, weight, t, fmt, ignore_index, reduction, batch):
         _NLLBase.setup(ctx, fmt, t, weight, ignore_index, reduction, batch)
-        rows = _to_rows(opmath(x))
+        rows = readonly(_to_rows(opmath(x)))    # (a view of x, or a copy: one kernel type)
         with np.errstate(invalid="ignore"):
             logpt, m, lse = cross_entropy_rows(rows, t, ignore_index)
         ctx.shape, ctx.t = x.shape, t

@@ -20,6 +20,7 @@ from mpt.functional._common import (as_index_array, as_rows, check_tensor, commo
                                     normalize_dim, sum_axes, work_dtype)
 from mpt.functional.autocast import autocast_op
 from mpt.functional.rng import next_stream
+from mpt.kernels import readonly
 from mpt.kernels.ops import (embedding_backward, layer_norm_backward_rows, layer_norm_rows,
                              log_softmax_backward_rows, rms_norm_backward_rows, rms_norm_rows,
                              softmax_backward_rows, softmax_rows)
@@ -116,7 +117,7 @@ class LayerNorm(Function):
     @staticmethod
     def forward(ctx, x, w, b, fmt, n, eps):
         work = work_dtype(fmt)
-        x2 = np.ascontiguousarray(opmath(x)).reshape(-1, n)
+        x2 = readonly(np.ascontiguousarray(opmath(x)).reshape(-1, n))
         ones, zeros = np.ones(n, work), np.zeros(n, work)
         ww = ones if w is None else opmath(w).reshape(n)
         bw = zeros if b is None else opmath(b).reshape(n)
@@ -163,7 +164,7 @@ class RMSNorm(Function):
     @staticmethod
     def forward(ctx, x, w, fmt, n, eps):
         work = work_dtype(fmt)
-        x2 = np.ascontiguousarray(opmath(x)).reshape(-1, n)
+        x2 = readonly(np.ascontiguousarray(opmath(x)).reshape(-1, n))
         ww = np.ones(n, work) if w is None else opmath(w).reshape(n)
         inv_n = work(1) / work(n)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):

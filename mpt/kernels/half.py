@@ -9,6 +9,7 @@ NaN payloads aside where the docstrings say. Tests: ``tests/test_mma_fast.py``.
 import numpy as np
 from numba import njit
 
+from mpt.kernels import readonly
 from mpt.kernels.mma import f32_bits, f32_from_bits
 
 __all__ = ["fp16_as_f32", "widen_fp16", "widen_bf16", "narrow_fp16", "narrow_bf16", "widen16",
@@ -98,7 +99,8 @@ def widen16(x: np.ndarray) -> np.ndarray:
     kept: :func:`widen_fp16` / :func:`widen_bf16`."""
     out = np.empty(x.shape, np.float32)
     (widen_fp16 if _half(x.dtype) else widen_bf16)(
-        np.ascontiguousarray(x).reshape(-1).view(np.uint16), out.reshape(-1).view(np.uint32))
+        readonly(np.ascontiguousarray(x).reshape(-1).view(np.uint16)),
+        out.reshape(-1).view(np.uint32))
     return out
 
 

@@ -29,6 +29,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from mpt.kernels import readonly
 from mpt.kernels.exp_fast import exp_into
 from mpt.kernels.fma import fma64_chain
 from mpt.kernels.tanh_ops import CHUNK as _CHUNK_T
@@ -474,6 +475,7 @@ def matmul_f64(a, b):
     out = np.zeros((t, m, b.shape[2]))
     index = np.arange(t)
     with one_thread(a.size < SERIAL_BELOW):
-        fma64_chain(np.ascontiguousarray(a, np.float64), np.ascontiguousarray(b, np.float64), out,
-                    index, index, 0, a.shape[2])
+        fma64_chain(readonly(np.ascontiguousarray(a, np.float64)),
+                    readonly(np.ascontiguousarray(b, np.float64)), out, readonly(index),
+                    readonly(index), 0, a.shape[2])
     return out
