@@ -7,6 +7,7 @@ The flash-attention acceptance criterion and the fp64 gradient checks are in
 """
 import itertools
 import math
+import multiprocessing
 import zlib
 
 import numba
@@ -256,6 +257,31 @@ def test_run_tasks_runs_every_task_once_round_robin(threads, ntasks):
             raise ValueError(f"slot {first}")
     with pytest.raises(ValueError, match=f"slot {n - 1}"):
         run_tasks(failing, n)
+
+
+def _slots_in_child(queue):
+    out = np.zeros(4, np.int64)
+    run_tasks(_record_slots, 4, out)
+    queue.put(out.tolist())
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2 or
+                    "fork" not in multiprocessing.get_all_start_methods(),
+                    reason="needs 2 Numba threads and the fork start method")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_run_tasks_works_in_a_forked_child():
+    """A forked child inherits the task pool but not its threads: it must start its own (it hung
+    before; the join's timeout turns a hang into a failure)."""
+    run_tasks(_record_slots, 4, np.zeros(4, np.int64))           # the parent's pool exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_slots_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == [1 + 200, 1001 + 200, 1 + 200, 1001 + 200]
 
 
 def test_multihead_attention_and_gpt_use_the_flash_backend():

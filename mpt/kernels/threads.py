@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import os
 
 import numba
 
@@ -44,6 +45,11 @@ def _pool():
     """The worker threads of :func:`run_tasks` (started on first use, as many as Numba's)."""
     return concurrent.futures.ThreadPoolExecutor(max(numba.config.NUMBA_NUM_THREADS - 1, 1),
                                                  thread_name_prefix="mpt-tasks")
+
+
+# A forked child inherits the pool object but not its threads: tasks submitted there would never
+# run. The child starts a pool of its own instead.
+os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 def run_tasks(kernel, ntasks: int, *args) -> None:
