@@ -231,8 +231,8 @@ def test_bits_do_not_depend_on_the_thread_count(fmt, model):
 
 
 @numba.njit(nogil=True)
-def _record_slots(first, step, out):
-    for t in range(first, out.size, step):
+def _record_slots(first, step, ntasks, out):
+    for t in range(first, ntasks, step):
         out[t] += first * 1000 + step * 100 + 1
 
 
@@ -252,7 +252,7 @@ def test_run_tasks_runs_every_task_once_round_robin(threads, ntasks):
     n = max(min(threads, ntasks), 1)
     np.testing.assert_array_equal(out, [(t % n) * 1000 + n * 100 + 1 for t in range(ntasks)])
 
-    def failing(first, step):
+    def failing(first, step, ntasks):
         if first == step - 1:
             raise ValueError(f"slot {first}")
     with pytest.raises(ValueError, match=f"slot {n - 1}"):

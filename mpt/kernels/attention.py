@@ -262,10 +262,10 @@ def _forward_task(t, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, en
 
 
 @njit(cache=True, nogil=True)
-def _forward(first, step, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng, rnd,
-             drop):
-    """Forward tasks first, first + step, ... (``mpt.kernels.threads.run_tasks``)."""
-    for t in range(first, q.shape[0] * ((q.shape[1] + bq - 1) // bq), step):
+def _forward(first, step, ntasks, q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng,
+             rnd, drop):
+    """Forward tasks first, first + step, ... below ntasks (``mpt.kernels.threads.run_tasks``)."""
+    for t in range(first, ntasks, step):
         _forward_task(np.int64(t), q, k, v, kv_of, o, lse, tau, tau2, causal, bq, bk, exp2, eng,
                       rnd, drop)
 
@@ -368,10 +368,11 @@ def _backward_task(zk, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, 
 
 
 @njit(cache=True, nogil=True)
-def _backward(first, step, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau, tau2,
-              causal, bq, bk, exp2, eng, rnd, drop):
-    """Backward tasks (key/value batches) first, first + step, ... (as :func:`_forward`)."""
-    for zk in range(first, k.shape[0], step):
+def _backward(first, step, ntasks, q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau,
+              tau2, causal, bq, bk, exp2, eng, rnd, drop):
+    """Backward tasks (key/value batches) first, first + step, ... below ntasks (as
+    :func:`_forward`)."""
+    for zk in range(first, ntasks, step):
         _backward_task(np.int64(zk), q, k, v, do, lse, dsum, kv_order, kv_start, dq, dk, dvo, tau,
                        tau2, causal, bq, bk, exp2, eng, rnd, drop)
 

@@ -473,9 +473,8 @@ def matmul_f64(a, b):
     cores or FP64 Tensor Cores computes): ``mpt.kernels.fma.fma64_chain``, parallel over rows."""
     t, m, _ = a.shape
     out = np.zeros((t, m, b.shape[2]))
-    index = np.arange(t)
+    index = readonly(np.arange(t))
     with one_thread(a.size < SERIAL_BELOW):
         fma64_chain(readonly(np.ascontiguousarray(a, np.float64)),
-                    readonly(np.ascontiguousarray(b, np.float64)), out, readonly(index),
-                    readonly(index), 0, a.shape[2])
+                    readonly(np.ascontiguousarray(b, np.float64)), out, index, index, 0, a.shape[2])
     return out

@@ -300,6 +300,10 @@ def _round_into_sr(x, o, sp, dp, decode, key, stream, first_block):
         o[i] = _element_sr(np.int64(x[i]), np.int64(w[i]), sp, dp, decode)
 
 
+#: The DecodeSpec that :func:`specialised` freezes when it outputs codes (never read)
+_NO_DECODE = DecodeSpec(*([0] * len(DecodeSpec._fields)))
+
+
 @functools.lru_cache(maxsize=None)
 def specialised(sp, mode, dp=None):
     """Drivers with ``sp``, ``mode`` (and ``dp``) frozen as compile-time constants (same bits).
@@ -312,7 +316,7 @@ def specialised(sp, mode, dp=None):
     disk by Numba per spec: they close over plain data only (a jitted function's pickle holds a
     per-process id: no cache hit in a new process).
     """
-    decode, dp = dp is not None, dp or DecodeSpec(*[0] * len(DecodeSpec._fields))  # dp unread
+    decode, dp = dp is not None, _NO_DECODE if dp is None else dp
     if mode == SR:
         @njit(cache=True)
         def run_sr(x, o, key, stream, first_block):

@@ -53,15 +53,15 @@ os.register_at_fork(after_in_child=_pool.cache_clear)
 
 
 def run_tasks(kernel, ntasks: int, *args) -> None:
-    """Run tasks 0..ntasks-1 as ``kernel(first, step, *args)`` calls, one per thread (the calling
-    thread takes the first; ``numba.get_num_threads()`` threads at most, so :func:`one_thread`
-    applies): ``kernel`` runs tasks first, first + step, ... (round robin: with a causal mask,
-    late query blocks cost more). ``kernel`` must be an ``njit(nogil=True)`` function whose tasks
-    are independent. Its exceptions reach the caller."""
+    """Run tasks 0..ntasks-1 as ``kernel(first, step, ntasks, *args)`` calls, one per thread (the
+    calling thread takes the first; ``numba.get_num_threads()`` threads at most, so
+    :func:`one_thread` applies): ``kernel`` runs tasks first, first + step, ... below ntasks
+    (round robin: with a causal mask, late query blocks cost more). ``kernel`` must be an
+    ``njit(nogil=True)`` function whose tasks are independent. Its exceptions reach the caller."""
     n = max(min(numba.get_num_threads(), ntasks), 1)
-    others = [_pool().submit(kernel, first, n, *args) for first in range(1, n)]
+    others = [_pool().submit(kernel, first, n, ntasks, *args) for first in range(1, n)]
     try:
-        kernel(0, n, *args)
+        kernel(0, n, ntasks, *args)
     finally:
         for future in others:
             future.result()
