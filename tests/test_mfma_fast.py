@@ -1,7 +1,7 @@
 """The register-blocked kernel of CDNA3/CDNA4's fused rules gives the general kernel's bits.
 
 ``mpt.kernels.mfma_packed.fused_chain_packed`` takes the fused rules without block scales on
-operands whose products are finite and, where not zero, within [2^-60, 2^60] (``packed_ok``);
+operands whose products are finite and, where not zero, within [2^-60, 2^60] (``packed_tops``);
 everything else takes ``mpt.kernels.mfma.fused_chain``. Here each path is taken on purpose (the
 operand object's ``rows`` is asserted: non-zero = packed) and the packed bits are compared with
 the general kernel's (an extra batch element holding an Inf, or for FNUZ a NaN, sends the whole
@@ -243,13 +243,15 @@ def test_float32_finish_edges():
 
 
 def test_anchor_codes_refuse_exponents_out_of_range():
-    """pack_codes holds anchors only while max ea + max eb <= 129 (packed_ok's operands)."""
+    """pack_codes holds anchors only while max ea + max eb <= 129 (packed_tops's operands)."""
     from mpt.kernels.mfma_packed import pack_codes
-    ea = np.full((1, 4, 8), 70, np.int32)
-    ca, cb = pack_codes(ea, np.full((1, 3, 8), 59, np.int32))
+    va = np.full((1, 1, 8, 4), 2.0**70, np.float32)
+    ca, cb = pack_codes(va, np.full((1, 1, 8, 32), 2.0**59, np.float32), (70, 59), (-14, -14))
     assert ca.shape == (1, 1, 8, 4) and cb.shape == (1, 1, 8, 64)
+    # s = 255 - 70: u = 255 in every byte; v = s - 126 - 59 = 0
+    assert (ca == 0xFFFFFFFF).all() and (cb == 0).all()
     with pytest.raises(ValueError, match="anchor codes"):
-        pack_codes(ea, np.full((1, 3, 8), 60, np.int32))
+        pack_codes(va, np.full((1, 1, 8, 32), 2.0**60, np.float32), (70, 60), (-14, -14))
 
 
 def _finish_exact(c, e, s):

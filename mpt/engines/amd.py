@@ -62,7 +62,6 @@ from mpt.engines.model import Assumption, MMAConfig, MMAModel, register_model
 from mpt.engines.nvidia import F8F6F4, FP8
 from mpt.engines.operands import PackedOperands, register_kind, tiles
 from mpt.formats import get_format
-from mpt.kernels import gemm as _gemm
 from mpt.kernels import mfma as _mfma
 from mpt.kernels import mfma_packed as _packed
 
@@ -197,7 +196,7 @@ class MFMAOperands(PackedOperands):
     scales ``scale_a`` (..., M, ceil(K/32)) and ``scale_b`` (..., ceil(K/32), N) — E8M0 patterns
     as uint8 or ``ml_dtypes.float8_e8m0fnu``, batch dimensions as a's and b's — go with the
     ``v_mfma_scale`` variants. The fused rules without scales take the register-blocked kernel
-    when every product is finite and within [2^-60, 2^60] (``packed_ok``); every other case takes
+    when every product is finite and within [2^-60, 2^60] (``packed_tops``); every other case takes
     the general kernels, one output element at a time.
     """
 
@@ -239,7 +238,18 @@ class MFMAOperands(PackedOperands):
                              f"divides; got {scale!r} with rule {rule!r}, K={k}")
 
     def decode(self, x, fmt):
+        """Float32 values (:func:`mpt.kernels.mfma.decode`); float16 and bfloat16 operands of
+        the fused rules stay as stored until :meth:`prepare`: the packed kernel's packers widen
+        them as they read (exact; the rules neither flush them nor see NaN payloads there)."""
+        if self._stored(x, fmt):
+            return x
         return _mfma.decode(x, fmt, flush=bool(self.cfg.param("flush")))
+
+    def _stored(self, x, fmt):
+        """Whether operand x of format fmt stays as stored (:meth:`decode`)."""
+        cfg = self.cfg
+        return cfg.param("rule").startswith("fused") and not cfg.param("flush") and \
+            fmt in ("fp16", "bf16") and x.dtype == get_format(fmt).dtype
 
     def prepare(self):
         cfg = self.cfg
@@ -252,27 +262,27 @@ class MFMAOperands(PackedOperands):
         fp64 = self.out_format == "fp64"
         self.out_dtype = np.float64 if fp64 else np.float32
         self.default_nan = _mfma.DEFAULT_NAN64 if fp64 else _mfma.DEFAULT_NAN32
-        self.emins = tuple(2.0 ** get_format("fp32" if f == "tf32" else f).emin
-                           for f in self.formats)
+        emins = [get_format("fp32" if f == "tf32" else f).emin for f in self.formats]
+        self.emins = tuple(2.0**e for e in emins)
         a = _pad(self.a, 2, self.padded, 0.0)                         # (Ba, M, Kp)
         b = _pad(self.b, 1, self.padded, 0.0)                         # (Bb, Kp, N)
         self.sa, self.sb = self._block_scales()
-        if self.rule.startswith("fused") and self.sa.shape[2] == 0 and _packed.packed_ok(a, b):
+        tops = _packed.packed_tops(a, b, *emins) if self.rule.startswith("fused") and \
+            self.sa.shape[2] == 0 else None
+        if tops is not None:
             if self.rule == "fused_fp8":   # each group's even k first, then its odd k
                 order = np.arange(self.padded).reshape(-1, self.group // 2, 2)
                 order = order.transpose(0, 2, 1).ravel()
                 a, b = np.ascontiguousarray(a[:, :, order]), np.ascontiguousarray(b[:, order, :])
-            ea, eb = (np.empty(x.shape, np.int32) for x in (a, b))
-            for x, e, f in ((a, ea, self.formats[0]), (b, eb, self.formats[1])):
-                _packed.exponents(x.reshape(-1).view(np.uint32),
-                                  get_format("fp32" if f == "tf32" else f).emin, e.reshape(-1))
-            self.a, self.b, self.rows = (a, ea), (b, eb), _packed.ROWS
-            self.orient()                          # A's and B's roles fix their codes
-            codes = _packed.pack_codes(self.a[1], self.b[1].transpose(0, 2, 1))
-            self.a = (_gemm.pack_rows(self.a[0], self.rows), codes[0])
-            self.b = (_gemm.pack_cols(self.b[0]), codes[1])
+            self.a, self.b, self.rows = a, b, _packed.ROWS
+            self.pack()                            # A's and B's roles fix their codes
+            if self.swap:
+                tops, emins = tops[::-1], emins[::-1]
+            codes = _packed.pack_codes(self.a, self.b, tops, emins)
+            self.a, self.b = (self.a, codes[0]), (self.b, codes[1])
         else:
-            self.a, self.b = a, b
+            self.a, self.b = (_mfma.decode(x, f) if self._stored(x, f) else x
+                              for x, f in zip((a, b), self.formats))
 
     def _block_scales(self):
         """(sa (Ba, M, Kp/32), sb (Bb, Kp/32, N)) float64 powers of two (NaN for 0xFF), padded

@@ -321,17 +321,23 @@ def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def pack_rows(a: np.ndarray, rows: int) -> np.ndarray:
-    """(B, M, K) float32 (any strides) -> (B, ceil(M/rows), K, rows): row panels, k-major,
-    zero-padded."""
+    """(B, M, K) 32-bit values, or bfloat16/float16 widened to float32 (any strides) -> (B,
+    ceil(M/rows), K, rows): row panels, k-major, zero-padded."""
     nb, m, k = a.shape
-    return pack_panels(a, np.empty((nb, -(-m // rows), k, rows), a.dtype))
+    return pack_panels(a, np.empty((nb, -(-m // rows), k, rows), _packed_dtype(a)))
 
 
 def pack_cols(b: np.ndarray) -> np.ndarray:
-    """(B, K, N) float32 (any strides) -> (B, ceil(N/COLS), K, COLS): column panels, k-major,
-    zero-padded."""
+    """(B, K, N) 32-bit values, or bfloat16/float16 widened to float32 (any strides) -> (B,
+    ceil(N/COLS), K, COLS): column panels, k-major, zero-padded."""
     nb, k, n = b.shape
-    return pack_panels(b.transpose(0, 2, 1), np.empty((nb, -(-n // COLS), k, COLS), b.dtype))
+    return pack_panels(b.transpose(0, 2, 1),
+                       np.empty((nb, -(-n // COLS), k, COLS), _packed_dtype(b)))
+
+
+def _packed_dtype(x):
+    """The dtype of x's panels: x's own for 32-bit values, float32 for 16-bit ones."""
+    return x.dtype if x.dtype.itemsize == 4 else np.dtype(np.float32)
 
 
 def col_panels(b: np.ndarray) -> np.ndarray:

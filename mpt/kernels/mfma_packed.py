@@ -3,12 +3,12 @@
 :func:`fused_chain_packed` runs the rules "fused" and "fused_fp8" of ``mpt.reference.mfma`` (the
 oracle; tests/test_mfma.py and tests/test_mfma_fast.py check this kernel against it and against
 the general kernel ``mpt.kernels.mfma.fused_chain`` bit for bit) without MX scales, on operands
-whose products are all finite and, where not zero, within [2^-60, 2^60] (:func:`packed_ok`;
+whose products are all finite and, where not zero, within [2^-60, 2^60] (:func:`packed_tops`;
 every other call takes the general kernel). Per group of products and per tile of ROWS x COLS
 (4 x 32) outputs, in registers, one LLVM IR call covering up to 128 k:
 
 1. **anchor**: E = max over the group of nominal(a)·nominal(b) — 2^(ea + eb) with the nominal
-   exponents of :func:`exponents` (a zero's is −126, a subnormal's the format's emin) —, raised
+   exponents (a zero's is −126, a subnormal's the format's emin) —, raised
    to 2^-126, on uint8 codes (:func:`pack_codes`, :func:`_emit_codes`): u = ea + s and
    v = s − 126 − eb, clipped to [0, 255], s = 255 − max ea; the saturating difference u ⊖ v =
    max(0, ea + eb + 126) is the code of 2^max(ea + eb, −126);
@@ -56,9 +56,9 @@ from numba.core.extending import intrinsic
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.block_gemm import X86_ROUNDING
 # the operands' range check and anchor codes (re-exported: the engine's and the tests' names)
-from mpt.kernels.mfma_codes import ROWS, exponents, pack_codes, packed_ok
+from mpt.kernels.mfma_codes import ROWS, pack_codes, packed_tops
 
-__all__ = ["ROWS", "packed_ok", "exponents", "pack_codes", "fused_chain_packed", "finish_fast"]
+__all__ = ["ROWS", "packed_tops", "pack_codes", "fused_chain_packed", "finish_fast"]
 
 _KC = 128                     # k per tile call: B's panels of one call stay in L1
 _WIDE = 8                     # float64 lanes of one AVX-512 register (the finish)
@@ -470,7 +470,7 @@ _groups_fp8 = _tile_kernel(0, True)
 
 @njit(cache=True, parallel=True)
 def fused_chain_packed(vap, cap, vbp, cbp, acc, ia, ib, k0, k1, group, halves):
-    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_ok` operands (module
+    """The fused rules (unscaled) over k in [k0, k1) for :func:`packed_tops` operands (module
     docstring), in groups of ``group`` (``halves``: the FP8 rule, on operands whose K was
     reordered within each group: even k first, then odd k).
 
