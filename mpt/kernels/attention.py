@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from mpt._checks import check_int
 from mpt.kernels.exp_fast import exp_into
@@ -272,17 +272,19 @@ def _forward(first, step, ntasks, q, k, v, kv_of, o, lse, tau, tau2, causal, bq,
 
 # ---- backward ------------------------------------------------------------------------------------
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _rowdot(do, o):
-    """D[z, i] = Σ_c W(dO·O) sequential in c, from W(0)."""
+    """D[z, i] = Σ_c W(dO·O) sequential in c, from W(0). On the calling thread: its work is at
+    most 1/n of the backward's, and at GPT sizes (4096 rows of 32) waking a second thread cost
+    more than it saved (0.2 ms a step on one thread, 1.4 ms on two, 2-core AMD EPYC)."""
     Z, n, dv = o.shape
     out = np.zeros((Z, n), o.dtype)
-    for t in prange(Z * n):
-        z, i = t // n, t % n
-        acc = o.dtype.type(0.0)
-        for c in range(dv):
-            acc += do[z, i, c] * o[z, i, c]
-        out[z, i] = acc
+    for z in range(Z):
+        for i in range(n):
+            acc = o.dtype.type(0.0)
+            for c in range(dv):
+                acc += do[z, i, c] * o[z, i, c]
+            out[z, i] = acc
     return out
 
 

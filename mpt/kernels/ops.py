@@ -48,29 +48,36 @@ __all__ = [
 _CHUNK = 256  # columns per parallel task in sum_anb
 _ROW_BLOCK = 16  # rows per parallel task of the row kernels with scratch rows
 SERIAL_BELOW = 1 << 17  # elements: smaller problems run on the calling thread alone
+# sum_anb is memory-bound: on 2 cores (AMD EPYC), 2 threads were slower than 1 from 1024 x 128
+# to 1024 x 2048 and 4096 x 512 elements (26-408 us), so it runs on one thread up to 2^22
+_SUM_SERIAL_BELOW = 1 << 22
 
 
-def sized(kernel):
+def sized(kernel=None, *, below=SERIAL_BELOW):
     """Run a ``parallel=True`` kernel on the calling thread alone when its first argument has
-    fewer than ``SERIAL_BELOW`` elements: waking and joining worker threads costs more than such
-    work (and much more on a loaded machine). Bits never depend on the thread count."""
+    fewer than ``below`` elements: waking and joining worker threads costs more than such work
+    (and much more on a loaded machine). Bits never depend on the thread count. ``@sized`` or
+    ``@sized(below=n)``."""
+    if kernel is None:
+        return functools.partial(sized, below=below)
+
     @functools.wraps(kernel)
     def run(*args):
-        with one_thread(args[0].size < SERIAL_BELOW):
+        with one_thread(args[0].size < below):
             return kernel(*args)
-    run.kernel = kernel
     return run
 
 # ---- reductions ----------------------------------------------------------------------------------
 
 
-@sized
+@sized(below=_SUM_SERIAL_BELOW)
 @njit(parallel=True, cache=True)
 def sum_anb(x):
     """``out[a, b] = Σ_n x[a, n, b]``, sequential in increasing ``n``, in ``x``'s dtype.
 
-    x: (A, N, B) C-contiguous float32/float64. Parallel over (a, block of 256 b): every output
-    element is summed by one thread in the same order, whatever the thread count.
+    x: (A, N, B) C-contiguous float32/float64. Parallel over (a, block of 256 b) from
+    ``_SUM_SERIAL_BELOW`` elements: every output element is summed by one thread in the same
+    order, whatever the thread count.
     """
     A, N, B = x.shape
     out = np.zeros((A, B), x.dtype)
