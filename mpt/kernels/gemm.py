@@ -41,7 +41,7 @@ from mpt.kernels.half import fp16_as_f32
 from mpt.kernels.mma import block_finish, block_scale, block_start
 
 __all__ = ["ROWS", "BLOCK_ROWS", "COLS", "ROW_TILES", "F32", "BF16", "FP16", "source",
-           "as_f32_pattern", "along_k", "pack_panels", "pack_rows", "pack_cols", "col_panels",
+           "as_f32_pattern", "pack_panels", "pack_rows", "pack_cols", "col_panels",
            "pack_tiles", "unpack_tiles", "direct_rows", "fma_chain", "fma_lanes", "next_output",
            "block_chain_packed", "sum_chunk", "fma_tile", "fma_tile_strided",
            # building blocks of LLVM IR kernels over these panels (block_gemm and mfma use them)
@@ -249,8 +249,6 @@ _sum_tile = _tile_intrinsic(_emit_sum, 5)
 
 
 F32, BF16, FP16 = 0, 1, 2   # how the packers read an operand's patterns (:func:`source`)
-_SLICE_WORDS = 4096      # words of a panel packed at a time from rows contiguous along k (16 KiB:
-                         # a third of L1)
 
 
 def source(x: np.ndarray):
@@ -279,44 +277,34 @@ def as_f32_pattern(x, kind):
 
 
 @njit(cache=True, parallel=True)
-def _pack_values(bits, kind, along, vout):
+def _pack_values(bits, kind, vout):
     """vout[z, p, k, w] = the 32-bit pattern of bits[z, p·W + w, k] (0 past R): panels of width
-    W = vout.shape[3] along the axis R of bits (B, R, K), patterns of ``kind``, read in memory
-    order (``along``: K is the faster axis). Direct indexing, no row views: the loops
-    vectorize."""
+    W = vout.shape[3] along the axis R of bits (B, R, K), patterns of ``kind``. k outer, w inner
+    whatever bits' layout: the writes stream, and with K the faster axis the W rows are read as
+    W streams. Measured faster than reading each row whole (1.05-2.2x, 2-core AMD EPYC: widths
+    4-64, K 128-4096, float32, bfloat16 and float16 sources). Direct indexing, no row views."""
     nb, nr, k = bits.shape
     npanel, width = vout.shape[1], vout.shape[3]
     for t in prange(nb * npanel):
         z, p = t // npanel, t % npanel
         w_n = min(width, nr - p * width)
         r0 = p * width
-        if along:   # in slices of k whose part of the panel stays in L1 (one if it all fits)
-            step = max(k, 1) if width * k <= 4 * _SLICE_WORDS else _SLICE_WORDS // width
-            for k0 in range(0, k, step):
-                for w in range(w_n):
-                    for kk in range(k0, min(k, k0 + step)):
-                        vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
-        else:
-            for kk in range(k):
-                for w in range(w_n):
-                    vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
         for kk in range(k):
-            for w in range(w_n, width):
-                vout[z, p, kk, w] = 0
-
-
-def along_k(x: np.ndarray) -> bool:
-    """Whether x (B, R, K) is laid out with K the faster axis (else R)."""
-    return abs(x.strides[2]) <= abs(x.strides[1])
+            for w in range(w_n):
+                vout[z, p, kk, w] = as_f32_pattern(bits[z, r0 + w, kk], kind)
+        if w_n < width:
+            for kk in range(k):
+                for w in range(w_n, width):
+                    vout[z, p, kk, w] = 0
 
 
 def pack_panels(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[z, p, k, w] = x[z, p·W + w, k], zero past R: panels of width W = out.shape[3] along
     the axis R of x (B, R, K) (32-bit values, or bfloat16/float16 widened to float32 as read;
-    any strides: read in memory order, no copy)."""
+    any strides, no copy first)."""
     if out.dtype.itemsize != 4:
         raise TypeError(f"pack_panels packs into 32-bit values; got {out.dtype}")
-    _pack_values(*source(x), along_k(x), out.view(np.uint32))
+    _pack_values(*source(x), out.view(np.uint32))
     return out
 
 
