@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from mpt.kernels import gemm as _gemm
+from mpt.kernels.block_pack import _field
 
 __all__ = ["ROWS", "packed_tops", "pack_codes"]
 
@@ -92,9 +93,9 @@ def pack_codes(va: np.ndarray, vb: np.ndarray, tops, emins):
 @njit(inline="always")
 def _nominal(x, field_min):
     """The nominal exponent of the float32 pattern x (uint32) as an int32: its exponent field
-    raised to ``field_min`` = emin + 127, minus 127; −126 for ±0."""
-    field = max((x >> np.uint32(23)) & np.uint32(0xFF), field_min)
-    return np.int32(field if np.uint32(x << np.uint32(1)) != 0 else 1) - np.int32(127)
+    raised to ``field_min`` = emin + 127 (``block_pack._field``), minus 127; −126 for ±0."""
+    field, nonzero = _field(x, field_min)
+    return np.int32(field if nonzero else 1) - np.int32(127)
 
 
 @njit(cache=True, parallel=True)
