@@ -10,6 +10,7 @@ from mpt._version import __version__
 from mpt import _compat
 from mpt.formats import FORMATS, Format, RoundingMode, custom_format, get_format
 from mpt import tasks  # L0: independent tasks, serially or on Dask (study grids, golden, sweeps)
+from mpt import runtime  # L0: retain_freed_memory, a process setting for speed
 # L1 rounding: every conversion to a format (`mpt.round` shadows the builtin inside mpt only)
 from mpt.rounding import decode, round
 # L1 matrix engines: MMA models of every accelerator and the GEMM around them; hardware targets
@@ -56,7 +57,7 @@ _compat.install()
 __all__ = [
     "__version__",
     # L0 formats
-    "FORMATS", "Format", "RoundingMode", "custom_format", "get_format", "tasks",
+    "FORMATS", "Format", "RoundingMode", "custom_format", "get_format", "tasks", "runtime",
     # L1 rounding
     "round", "decode",
     # L1 matrix engines and targets

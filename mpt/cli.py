@@ -48,6 +48,7 @@ import numpy as np
 
 from mpt._tables import markdown_table, text_table
 from mpt.formats import FORMATS, RoundingMode, get_format
+from mpt.runtime import retain_freed_memory
 from mpt.testing import as_bits
 
 DEMO_VALUES = ("0.1", "1/3", "65519.99", "1e-8", "300", "-2.5e-05")
@@ -484,6 +485,7 @@ def main(argv=None) -> int:
     # Numba's OpenMP workers spin after each parallel kernel and steal the main thread's core
     # on a small machine; read when the OpenMP runtime starts (the first parallel kernel).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    retain_freed_memory()   # temporaries reuse mapped heap pages (mpt.runtime): time, not bits
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -39,6 +39,7 @@ import time
 from typing import Callable, Sequence
 
 from mpt._checks import check_int
+from mpt.runtime import retain_freed_memory
 
 __all__ = ["WORKER_ENV", "Progress", "map_tasks", "chunks", "dask_client"]
 
@@ -156,10 +157,12 @@ class _Opaque:
 
 
 def _on_one_thread(fn, item: _Opaque):
-    """``fn(item.value)`` with Numba's kernels on the calling thread alone (the bits never
-    depend on the thread count: this changes the time only)."""
+    """``fn(item.value)`` with Numba's kernels on the calling thread alone, in a worker process
+    that keeps freed memory (:func:`mpt.runtime.retain_freed_memory`): the bits never depend on
+    the thread count or the heap, this changes the time only."""
     import numba
 
+    retain_freed_memory()
     saved = numba.get_num_threads()
     numba.set_num_threads(1)
     try:

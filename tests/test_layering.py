@@ -15,7 +15,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "mpt"
 # Layer of each area (folder or top-level module of mpt).
 LAYERS = {
     "_version": 0, "_checks": 0, "_io": 0, "_tables": 0, "_compat": 0, "_registry": 0,
-    "formats": 0, "tasks": 0,
+    "formats": 0, "tasks": 0, "runtime": 0,
     "kernels": 1, "reference": 1, "rounding": 1, "microscaling": 1, "engines": 1, "targets": 1,
     "autograd": 2,
     "functional": 3,
