@@ -4,22 +4,23 @@ A training step of mpt allocates and frees hundreds of numpy temporaries of 0.1-
 (activations, gradients, GEMM panels). glibc's malloc serves blocks above its mmap threshold
 (128 KiB, raised dynamically to at most 32 MiB) with fresh ``mmap`` pages and returns them with
 ``munmap`` on free, and it trims the heap's free top back to the OS: each new temporary is then
-first touched page by page, one page fault per 4 KiB, and on two threads the faults and the
-TLB shootdowns of each ``munmap`` serialize both cores. Measured on the 2-core AMD EPYC VM of
-issue 17, the fp32 GPT step of ``benchmarks/bench_train_step.py`` took 6,000-7,400 minor page
-faults and 14-18 ms of system time per step; with :func:`retain_freed_memory` it took 3 faults
-and 1 ms, and the step 33 ms instead of 42-46.
+first touched page by page, up to one page fault per 4 KiB, and on two threads the faults and
+the TLB shootdowns of each ``munmap`` stall both cores. Measured on a 2-core AMD EPYC (Zen 4)
+VM, the fp32 GPT step of ``benchmarks/bench_train_step.py`` took 6,000-7,400 minor page faults
+and 14-18 ms of system time per step; with :func:`retain_freed_memory` it took 3 faults and
+1 ms, and the step 33-35 ms instead of 42-46 on two threads.
 
 :func:`retain_freed_memory` raises the mmap threshold and the trim threshold with ``mallopt``
 (glibc only), so that freed blocks stay in the heap, already mapped, for the next allocation of
 the same size. The cost is resident memory: up to ``trim_threshold`` bytes of free heap stay
 mapped, plus what fragmentation keeps. It changes the process for every library in it, so mpt
 never calls it on import: the ``mpt`` command, the Dask workers of ``mpt.tasks`` and the
-benchmarks call it; a script of your own can call it once at the start.
+training-step benchmark call it; a script of your own can call it once at the start.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import platform
 import sys
 
@@ -31,6 +32,7 @@ MiB = 1 << 20
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3   # glibc's <malloc.h>
 
 
+@functools.cache
 def _mallopt():
     """glibc's ``mallopt``, or None on another C library (musl, macOS, Windows)."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
