@@ -47,13 +47,11 @@ sees the same operations in the same order whatever the tiling and the thread co
 """
 from __future__ import annotations
 
-import llvmlite.binding as llvm
 import llvmlite.ir as ir
-import numba
 import numpy as np
 from numba import njit, prange
 
-from mpt.kernels.gemm import (_I32, _I64, _LANES, _VF32, _VI32, COLS, ROW_TILES, _pointer,
+from mpt.kernels.gemm import (_I32, _I64, _LANES, _VF32, _VI32, AVX512, COLS, ROW_TILES, _pointer,
                               _tile_intrinsic, const, k_loop, panel_splats, panel_vectors)
 
 __all__ = ["BLOCK_ROWS", "BLOCK_COLS", "E_MAX", "SCRATCH_WORDS", "X86_ROUNDING", "RNE16",
@@ -66,8 +64,7 @@ E_MAX = 100                 # the largest anchor exponent the fast path takes (m
 _KC = 128                   # k-slice per tile call (a multiple of every block): B stays in L1
 
 #: Whether the RZ conversion uses AVX-512's embedded rounding (Numba compiling for this host).
-X86_ROUNDING = numba.config.CPU_NAME is None and \
-    bool(llvm.get_host_cpu_features().get("avx512f", False))
+X86_ROUNDING = AVX512
 
 # the int32 parameter vector (tile_params): exponents are biased fields shifted to bit 23
 P_BLOCK, P_KEEP, P_FLOOR, P_TINY, P_EMIN_C, P_S, P_Q = range(7)
