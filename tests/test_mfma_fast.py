@@ -254,6 +254,19 @@ def test_anchor_codes_refuse_exponents_out_of_range():
         pack_codes(va, np.full((1, 1, 8, 32), 2.0**60, np.float32), (70, 60), (-14, -14))
 
 
+def test_anchor_codes_of_b_sit_at_their_lanes():
+    """B's code of column j is at bytes code_lane(j) and code_lane(j) + 4 of its panel row: 16
+    columns of distinct exponents, the second half of the panel each one lower, over 3 rows."""
+    from mpt.kernels.mfma_codes import code_lane, pack_codes
+    eb = np.arange(3)[:, None] + np.r_[np.arange(16), np.arange(16) - 12][None, :]
+    vb = np.ldexp(1.5, eb).astype(np.float32).reshape(1, 1, 3, 32)
+    _, cb = pack_codes(np.ones((1, 1, 3, 4), np.float32), vb, (0, 17), (-14, -14))
+    lanes = [code_lane(j) for j in range(32)]
+    assert sorted(lanes + [x + 4 for x in lanes]) == list(range(64))
+    want = 255 - 126 - eb                                   # v = s − 126 − eb, s = 255 − max ea
+    assert (cb[0, 0][:, lanes] == want).all() and (cb[0, 0][:, [x + 4 for x in lanes]] == want).all()
+
+
 def _finish_exact(c, e, s):
     """The fused rule's steps 3-4 in exact rationals (``mpt.reference.mfma``'s module docstring):
     the FP32 pattern of D for a finite float32 c, E = 2^e, the integer S; c's own pattern for an

@@ -13,7 +13,7 @@ from numba import njit, prange
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.block_pack import _field
 
-__all__ = ["ROWS", "packed_tops", "pack_codes"]
+__all__ = ["ROWS", "packed_tops", "pack_codes", "code_lane"]
 
 ROWS = 4                      # tile rows: 4 x 32 outputs keep the scales and S (16 vectors)
                               # in the 32 AVX-512 registers; measured faster than 2 or 6
@@ -63,13 +63,23 @@ def _magnitudes(bits, mask):
     return hi, np.uint32(low + np.uint32(1))
 
 
+def code_lane(j: int) -> int:
+    """The byte that holds column j's code (of the first row of a pair; the second row's is 4
+    bytes on) in a row of B's code panel and in the kernel's anchor-code vectors (64 bytes: two
+    rows x COLS columns). The 128-bit lane (j % 16) // 4 holds columns 4·lane .. 4·lane + 3 and
+    16 more, each 4 columns of the first row then of the second, so that the 16 codes of an
+    output vector (a row's 16 columns) lie in the lanes of their 32-bit outputs: one in-lane byte
+    shuffle (vpshufb) widens them (``mfma_packed._code_fields``)."""
+    return 16 * (j % 16 // 4) + 8 * (j // 16) + j % 4
+
+
 def pack_codes(va: np.ndarray, vb: np.ndarray, tops, emins):
     """The anchor codes of the packed panels va (Ba, Mt, K, ROWS) and vb (Bb, Nt, K, COLS)
     (float32, ``mpt.kernels.gemm.pack_rows`` and ``pack_cols``; ``tops``: their largest nominal
     exponents, :func:`packed_tops`; ``emins``: their formats' emin): A's (Ba, Mt, K, ROWS)
     uint32, u = clip(ea + s, 0, 255) in each byte; B's (Bb, Nt, K, 2·COLS) uint8,
     v = clip(s − 126 − eb, 0, 255) twice per column, in the interleaved panel
-    ``mfma_packed._emit_codes`` reads (lanes L = 8·(j // 4) + j % 4 and L + 4 of column j), with
+    ``mfma_packed._emit_codes`` reads (bytes L = :func:`code_lane` (j) and L + 4 of column j), with
     s = 255 − max ea and the nominal exponents ea, eb (a zero's −126, a subnormal's emin). The
     codes hold every anchor when max ea + max eb <= 129 (module docstring), which
     :func:`packed_tops` operands meet: a largest nominal exponent that comes from a normal value
@@ -85,8 +95,9 @@ def pack_codes(va: np.ndarray, vb: np.ndarray, tops, emins):
     ca = np.empty(va.shape, np.uint32)
     cb = np.empty(vb.shape[:3] + (2 * _gemm.COLS,), np.uint8)
     _codes_a(va.reshape(-1).view(np.uint32), np.uint32(emin_a + 127), shift, ca.reshape(-1))
+    rows = cb.reshape(-1, 2 * _gemm.COLS)
     _codes_b(vb.reshape(-1, _gemm.COLS).view(np.uint32), np.uint32(emin_b + 127),
-             np.int32(shift + _ZERO_EXP), cb.reshape(-1, 2 * _gemm.COLS))
+             np.int32(shift + _ZERO_EXP), rows, rows.view(np.uint32))
     return ca, cb
 
 
@@ -108,13 +119,19 @@ def _codes_a(bits, field_min, shift, out):
 
 
 @njit(cache=True, parallel=True)
-def _codes_b(bits, field_min, shift, out):
-    """out[r, L] = out[r, L + 4] = clip(shift − nominal(bits[r, j]), 0, 255), L = 8·(j // 4) +
-    j % 4: each row of COLS values to its interleaved row of 2·COLS codes, in memory order."""
+def _codes_b(bits, field_min, shift, out, words):
+    """out[r, L] = out[r, L + 4] = clip(shift − nominal(bits[r, j]), 0, 255), L =
+    :func:`code_lane` (j): each row of COLS values to its interleaved row of 2·COLS codes
+    (``words``: out as uint32). The codes are written in column order first (a loop that
+    vectorizes), then moved 4 columns (one word) at a time: word 4·lane + 2h + ρ (row ρ of a
+    pair) takes columns 16h + 4·lane .. 16h + 4·lane + 3."""
     for r in prange(bits.shape[0]):
         for j in range(bits.shape[1]):
-            v = np.uint8(min(max(shift - _nominal(bits[r, j], field_min), np.int32(0)),
-                             np.int32(255)))
-            lane = 8 * (j // 4) + j % 4
-            out[r, lane] = v
-            out[r, lane + 4] = v
+            out[r, j] = np.uint8(min(max(shift - _nominal(bits[r, j], field_min),
+                                         np.int32(0)), np.int32(255)))
+        row = words[r]
+        low = row[0], row[1], row[2], row[3]        # columns 0-15, 4 per word
+        high = row[4], row[5], row[6], row[7]       # columns 16-31
+        for lane in range(4):                       # word 4·lane + 2h + ρ: group 4h + lane
+            row[4 * lane] = row[4 * lane + 1] = low[lane]
+            row[4 * lane + 2] = row[4 * lane + 3] = high[lane]

@@ -56,7 +56,7 @@ from numba.core.extending import intrinsic
 from mpt.kernels import gemm as _gemm
 from mpt.kernels.block_gemm import X86_ROUNDING
 # the operands' range check and anchor codes (re-exported: the engine's and the tests' names)
-from mpt.kernels.mfma_codes import ROWS, pack_codes, packed_tops
+from mpt.kernels.mfma_codes import ROWS, code_lane, pack_codes, packed_tops
 
 __all__ = ["ROWS", "packed_tops", "pack_codes", "fused_chain_packed", "finish_fast"]
 
@@ -128,8 +128,8 @@ def _finish_lanes(builder, c_ptr, e, s, drop_far_c):
 
 def _emit_codes(builder, ca_addr, cb_addr, k0, nk):
     """The anchor codes of products k0 .. k0+nk-1 for the ROWS x COLS tile: ROWS/2 vectors of 64
-    uint8, two rows per register (lanes of 4 bytes alternate between the rows of a pair, as in
-    B's interleaved panel, :func:`pack_codes`): per k, the pair's two A codes broadcast as one
+    uint8, two rows per register (groups of 4 bytes alternate between the rows of a pair, as in
+    B's interleaved panel: :func:`code_lane`): per k, the pair's two A codes broadcast as one
     64-bit word, code = max(code, u ⊖ v) (saturating). E = 2^(code − 126), code 0 standing for
     every anchor <= 2^-126 (module docstring)."""
     usub = _gemm.vector_intrinsic(builder, "llvm.usub.sat.v64i8", _VI8, 2)
@@ -158,8 +158,8 @@ def _emit_codes(builder, ca_addr, cb_addr, k0, nk):
 def _code_fields(builder, pairs):
     """Bytes laid out as :func:`_emit_codes`'s codes (or a function of them, byte by byte) as
     float32 exponent fields, byte·2^23: 8 int32 vectors, row r, columns 16h .. 16h+15 in vector
-    2r + h (each row's bytes picked out, zero-extended, shifted). E's pattern is
-    code·2^23 + 2^23."""
+    2r + h (each row's bytes picked out and zero-extended by one in-lane byte shuffle, vpshufb:
+    :func:`code_lane`; then shifted). E's pattern is code·2^23 + 2^23."""
     zero = ir.Constant(_VI8, [0] * 64)
     out = []
     for r in range(ROWS):
@@ -167,7 +167,7 @@ def _code_fields(builder, pairs):
             mask = []
             for t in range(16):
                 j = 16 * h + t
-                mask += [8 * (j // 4) + j % 4 + 4 * (r % 2), 64, 64, 64]
+                mask += [code_lane(j) + 4 * (r % 2), 64, 64, 64]
             code = builder.bitcast(builder.shuffle_vector(
                 pairs[r // 2], zero, ir.Constant(ir.VectorType(_I32, 64), mask)), _VI32)
             out.append(builder.shl(code, _splat(23, _VI32)))
