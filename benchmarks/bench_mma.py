@@ -20,7 +20,9 @@ Then (``--small``, also part of the default run) the small-problems table: 2,048
 
 Targets (issue 17, 2 cores, at 1024³): hopper and blackwell fp16/bf16 >= 0.2x sgemm, ampere and
 ada fp16 >= 0.15x, ieee_fma >= 0.5x; many small products <= 2x the one GEMM. Issue 13: cdna3
-fp16 at least as fast as hopper fp16 (the last line of each table compares their ratios).
+fp16 at least as fast as hopper fp16 (the last lines of each table compare their ratios, then
+their times in alternating runs: a load that changes between the two presets' turns in the table
+skews the first, which a shared VM shows; the median of per-round ratios resists it).
 """
 from __future__ import annotations
 
@@ -115,6 +117,34 @@ def table(sizes, cases):
         if amd and nvidia:
             print(f"cdna3 fp16 / hopper fp16 at n={n}: {amd / nvidia:.2f} (issue 13: >= 1) "
                   f"{'ok' if amd >= nvidia else 'MISS'}", flush=True)
+            best, median = paired(relative_gemms(x, y))
+            print(f"  the same, the two run alternately: {best:.2f} (best of each), "
+                  f"{median:.2f} (median of the rounds' ratios)", flush=True)
+
+
+def relative_gemms(x, y):
+    """mpt.gemm of float32 x and y, cast to its input, for each preset that RELATIVE compares."""
+    def gemm(model, dtype):
+        a, b = x.astype(dtype), y.astype(dtype)
+        return lambda: mpt.gemm(a, b, model=model)
+    return [gemm(model, np.dtype(name)) for model, name in RELATIVE]
+
+
+def paired(fns, rounds=12, budget=8.0):
+    """Speed of fns[0] relative to fns[1] (time of fns[1] / time of fns[0]) from alternating runs:
+    the ratio of their best times, and the median of the per-round ratios (a load that comes and
+    goes between the runs of one round cancels out there)."""
+    for fn in fns:
+        fn()
+    times = [[], []]
+    start = time.perf_counter()
+    for _ in range(rounds):
+        for runs, fn in zip(times, fns):
+            runs.append(timed(fn))
+        if time.perf_counter() - start > budget:
+            break
+    first, second = (np.array(t) for t in times)
+    return second.min() / first.min(), float(np.median(second / first))
 
 
 def small_table():
