@@ -255,8 +255,8 @@ def test_anchor_codes_refuse_exponents_out_of_range():
 
 
 def test_anchor_codes_of_b_sit_at_their_lanes():
-    """B's code of column j is at bytes code_lane(j) and code_lane(j) + 4 of its panel row: 16
-    columns of distinct exponents, the second half of the panel each one lower, over 3 rows."""
+    """B's code of column j is at bytes code_lane(j) and code_lane(j) + 4 of its panel row: 32
+    columns of 32 distinct exponents, over 3 rows (each row's exponents one above the last's)."""
     from mpt.kernels.mfma_codes import code_lane, pack_codes
     eb = np.arange(3)[:, None] + np.r_[np.arange(16), np.arange(16) - 12][None, :]
     vb = np.ldexp(1.5, eb).astype(np.float32).reshape(1, 1, 3, 32)
@@ -264,7 +264,8 @@ def test_anchor_codes_of_b_sit_at_their_lanes():
     lanes = [code_lane(j) for j in range(32)]
     assert sorted(lanes + [x + 4 for x in lanes]) == list(range(64))
     want = 255 - 126 - eb                                   # v = s − 126 − eb, s = 255 − max ea
-    assert (cb[0, 0][:, lanes] == want).all() and (cb[0, 0][:, [x + 4 for x in lanes]] == want).all()
+    rows = cb[0, 0]
+    assert (rows[:, lanes] == want).all() and (rows[:, [x + 4 for x in lanes]] == want).all()
 
 
 def _finish_exact(c, e, s):
