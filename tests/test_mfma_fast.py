@@ -258,9 +258,9 @@ def test_anchor_codes_of_b_sit_at_their_lanes():
     """B's code of column j is at bytes code_lane(j) and code_lane(j) + 4 of its panel row: 32
     columns of 32 distinct exponents, over 3 rows (each row's exponents one above the last's)."""
     from mpt.kernels.mfma_codes import code_lane, pack_codes
-    eb = np.arange(3)[:, None] + np.r_[np.arange(16), np.arange(16) - 12][None, :]
+    eb = np.arange(3)[:, None] + np.arange(32)[None, :] - 14         # -14 .. 19, fp16's range
     vb = np.ldexp(1.5, eb).astype(np.float32).reshape(1, 1, 3, 32)
-    _, cb = pack_codes(np.ones((1, 1, 3, 4), np.float32), vb, (0, 17), (-14, -14))
+    _, cb = pack_codes(np.ones((1, 1, 3, 4), np.float32), vb, (0, 19), (-14, -14))
     lanes = [code_lane(j) for j in range(32)]
     assert sorted(lanes + [x + 4 for x in lanes]) == list(range(64))
     want = 255 - 126 - eb                                   # v = s − 126 − eb, s = 255 − max ea
