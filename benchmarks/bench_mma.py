@@ -79,21 +79,29 @@ def timed(fn):
     return CLOCK() - t
 
 
-def interleaved(fn, n, reps, budget=4.0):
-    """Best times of fn() and of numpy's a @ b (float32, n x n), run alternately after one
-    warm-up run each (which also compiles), so that both see the same load."""
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    fn()
-    a @ b
-    best_fn = best_np = float("inf")
+def alternating(fns, rounds, budget):
+    """Times of each of fns, run in turn for up to ``rounds`` rounds (fewer once ``budget``
+    seconds have passed), after one warm-up run each (which also compiles), so that all see the
+    same load: one array per function, a time per round."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
     start = time.perf_counter()
-    for i in range(reps):
-        best_np = min(best_np, timed(lambda: a @ b))
-        best_fn = min(best_fn, timed(fn))
+    for _ in range(rounds):
+        for runs, fn in zip(times, fns):
+            runs.append(timed(fn))
         if time.perf_counter() - start > budget:
             break
-    return best_fn, best_np
+    return [np.array(t) for t in times]
+
+
+def interleaved(fn, n, reps, budget=4.0):
+    """Best times of fn() and of numpy's a @ b (float32, n x n), run alternately
+    (:func:`alternating`)."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    t_np, t_fn = alternating([lambda: a @ b, fn], reps, budget)
+    return t_fn.min(), t_np.min()
 
 
 def table(sizes, cases):
@@ -131,19 +139,10 @@ def relative_gemms(x, y):
 
 
 def paired(fns, rounds=12, budget=8.0):
-    """Speed of fns[0] relative to fns[1] (time of fns[1] / time of fns[0]) from alternating runs:
-    the ratio of their best times, and the median of the per-round ratios (a load that comes and
-    goes between the runs of one round cancels out there)."""
-    for fn in fns:
-        fn()
-    times = [[], []]
-    start = time.perf_counter()
-    for _ in range(rounds):
-        for runs, fn in zip(times, fns):
-            runs.append(timed(fn))
-        if time.perf_counter() - start > budget:
-            break
-    first, second = (np.array(t) for t in times)
+    """Speed of fns[0] relative to fns[1] (time of fns[1] / time of fns[0]) from alternating runs
+    (:func:`alternating`): the ratio of their best times, and the median of the per-round ratios
+    (a load that comes and goes between the runs of one round cancels out there)."""
+    first, second = alternating(fns, rounds, budget)
     return second.min() / first.min(), float(np.median(second / first))
 
 
